@@ -1,0 +1,267 @@
+"""The client: routes rows to nodes, keeps writes until their parity is safe, fails over."""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from . import validate
+from .errors import Error, InvalidRequest, NodeDown, Unavailable
+from .repair import Repair
+from .shard import NotRebuilt
+from .table import TableSpec
+
+DEADLINE = 30.0
+REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
+
+
+class Client:
+    """get / put / apply_gradient over a cluster's nodes (see SPEC section 3)."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.config = cluster.config
+        self.nodes = self.config.nodes
+        self._tables: dict[str, tuple[TableSpec, object]] = {}
+        self._log: dict[int, deque] = {p: deque() for p in range(self.nodes)}  # writes not yet in parity
+        self._sources: dict[int, str] = {}
+        self.repair = Repair(self)
+        for p in range(self.nodes):
+            self._sources[p] = cluster.source(p)
+            if self._sources[p] is not None:
+                for config in self._call(p, {"op": "tables"}, [])[0]["tables"]:
+                    self._remember(TableSpec.from_config(config))
+
+    # -- tables ----------------------------------------------------------
+    def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
+                     eps: float = 1e-8, init: str = "uniform", seed: int = 0, **init_args) -> None:
+        """Create a table on every node (idempotent for an identical definition)."""
+        spec = TableSpec.from_config({"name": name, "num_rows": num_rows, "dim": dim, "seed": seed,
+                                      "optimizer": {"name": optimizer, "lr": lr, "eps": eps},
+                                      "init": {"kind": init, **init_args}})
+        if name in self._tables and self._tables[name][0] != spec:
+            raise InvalidRequest(f"table {name!r} exists with a different definition")
+        for p in self._positions():
+            self._call(p, {"op": "create_table", "spec": spec.get_config()}, [])
+        self._remember(spec)
+
+    def tables(self) -> dict:
+        return {name: spec.get_config() for name, (spec, _) in self._tables.items()}
+
+    def _remember(self, spec):
+        self._tables[spec.name] = (spec, self.config.layout(spec))
+
+    def _table(self, table):
+        try:
+            return self._tables[table]
+        except (KeyError, TypeError):
+            raise InvalidRequest(f"unknown table {table!r}") from None
+
+    # -- reads -----------------------------------------------------------
+    def get(self, table: str, ids) -> np.ndarray:
+        """Rows of `ids` as float32 [len(ids), dim], in order, duplicates repeated."""
+        spec, layout = self._table(table)
+        ids = validate.ids(table, ids, spec.num_rows)
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        out = np.empty((uniq.size, spec.dim), dtype=np.float32)
+        for p, where in self._by_node(layout, uniq):
+            out[where] = self._read_node(p, table, uniq[where])
+        return out[inverse.reshape(-1)]
+
+    def get_many(self, batch: dict) -> dict:
+        """{table: ids} -> {table: rows}."""
+        return {table: self.get(table, ids) for table, ids in self._check_many(batch, lambda t, v: v).items()}
+
+    def _read_node(self, p, table, ids, records=False):
+        while True:
+            if self._state(p) == "dead":
+                out = self.repair.read(table, ids)
+                return out if records else np.ascontiguousarray(out[:, : self._table(table)[0].dim])
+            try:
+                return self._call(p, {"op": "get", "table": table, "records": records}, [ids])[1][0]
+            except NodeDown:
+                self._lost(p)
+            except NotRebuilt as exc:
+                self.repair.rebuild_rows(p, table, exc.ids)
+
+    # -- writes ----------------------------------------------------------
+    def put(self, table: str, ids, rows) -> None:
+        """Assign the weights of rows `ids` (unique); their optimizer state is kept."""
+        spec, layout = self._table(table)
+        ids = validate.ids(table, ids, spec.num_rows)
+        validate.unique(table, ids)
+        rows = validate.rows(table, rows, ids.size, spec.dim, "rows")
+        self._write(table, "put", ids, rows)
+
+    def apply_gradient(self, table: str, ids, grads) -> None:
+        """Sum the gradients of duplicate ids, then take one optimizer step per unique row."""
+        self._write(table, "apply_gradient", *self._gradients(table, ids, grads))
+
+    def apply_gradient_many(self, batch: dict) -> None:
+        """{table: (ids, grads)}: every table is checked before any is written."""
+        checked = self._check_many(batch, lambda t, v: self._gradients(t, *v))
+        for table, (ids, grads) in checked.items():
+            self._write(table, "apply_gradient", ids, grads)
+
+    def _gradients(self, table, ids, grads):
+        spec, _ = self._table(table)
+        ids = validate.ids(table, ids, spec.num_rows)
+        grads = validate.rows(table, grads, ids.size, spec.dim, "gradients")
+        ids, grads = validate.coalesce(ids, grads)
+        if not np.isfinite(grads).all():
+            raise InvalidRequest(f"table {table!r}: gradients of duplicate ids sum to a non-finite value")
+        return ids, grads
+
+    def _check_many(self, batch, check):
+        if not isinstance(batch, dict):
+            raise InvalidRequest(f"a multi-table batch must be a dict of table -> values, got {type(batch).__name__}")
+        return {table: check(table, value) for table, value in batch.items()}
+
+    def _write(self, table, kind, ids, values):
+        _, layout = self._table(table)
+        for p, where in self._by_node(layout, ids):
+            self._write_node(p, table, kind, ids[where], values[where])
+
+    def _write_node(self, p, table, kind, ids, values):
+        while True:
+            if self._state(p) == "dead":
+                return self.repair.write(table, kind, ids, values)
+            try:
+                reply = self._call(p, {"op": kind, "table": table}, [ids, values])[0]
+                self._log[p].append((reply["seq"], table, kind, ids, values))
+                return
+            except NodeDown:
+                self._lost(p)
+            except NotRebuilt as exc:
+                self.repair.rebuild_rows(p, table, exc.ids)
+
+    # -- iteration boundary ----------------------------------------------
+    def step(self) -> None:
+        """Close every node's dirty window; its parity deltas go out. Advances any rebuild."""
+        for p in self._positions():
+            self._try(p, {"op": "step"})
+        for p in self._positions():
+            if self._state(p) == "rebuilding":
+                self.repair.rebuild_step(p, REBUILD_BUDGET)
+
+    def flush(self, timeout: float = DEADLINE) -> None:
+        """Return once every node's parity reflects every acknowledged write."""
+        deadline = time.monotonic() + timeout
+        for p in self._positions():
+            self._try(p, {"op": "step"})
+        while any(self._log[p] for p in self._positions()):
+            if time.monotonic() > deadline:
+                raise Error(f"flush: parity still lags after {timeout} s")
+            for p in self._positions():
+                self._try(p, {"op": "status"})
+
+    def status(self) -> dict:
+        """Nodes with their roles and health, parity lag, dirty rows and recovery progress."""
+        nodes = []
+        for p in range(self.nodes):
+            try:
+                node = self._call(p, {"op": "status"}, [])[0]["status"]
+                node["health"] = "up"
+            except NodeDown:
+                node = {"position": p, "role": "dead", "health": "down"}
+            nodes.append(node)
+        live = [n for n in nodes if n["health"] == "up"]
+        return {
+            "nodes": nodes,
+            "code": self.config.make_code().get_config(),
+            "spares": self.cluster.spares_left(),
+            "tables": self.tables(),
+            "dirty_rows": sum(n["dirty_rows"] for n in live),
+            "parity_lag_writes": sum(n["write_seq"] - n["durable_seq"] for n in live),
+            "unacked_deltas": sum(n["unacked_deltas"] for n in live),
+            "degraded": [n["position"] for n in nodes if n["health"] == "down"],
+            "recovery": {"rebuilding": [n["position"] for n in live if n["role"] == "rebuilding"],
+                         "rows_left": sum(n["rebuild_missing"] for n in live)},
+        }
+
+    def wait_recovered(self, timeout: float = 60.0) -> None:
+        """Block until every stripe is fully protected again."""
+        deadline = time.monotonic() + timeout
+        for p in range(self.nodes):
+            self._try(p, {"op": "status"})
+        for p in range(self.nodes):
+            while self._state(p) == "rebuilding":
+                if time.monotonic() > deadline:
+                    raise Error(f"node {p} is still rebuilding after {timeout} s")
+                self.repair.rebuild_step(p, REBUILD_BUDGET)
+        dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
+        if dead:
+            raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")
+
+    # -- plumbing --------------------------------------------------------
+    def _by_node(self, layout, ids):
+        """(node, indices into ids) for each node holding some of `ids`."""
+        nodes = layout.data_node(ids)
+        order = np.argsort(nodes, kind="stable")
+        bounds = np.searchsorted(nodes[order], np.arange(self.nodes + 1))
+        for p in range(self.nodes):
+            if bounds[p] < bounds[p + 1]:
+                yield p, order[bounds[p]:bounds[p + 1]]
+
+    def _positions(self):
+        return [p for p in range(self.nodes) if self._state(p) != "dead"]
+
+    def _state(self, p):
+        """The node's state, after failing over if it changed since this client last saw it."""
+        if self.cluster.source(p) != self._sources.get(p):
+            self._failover(p)
+        return self.cluster.state(p)
+
+    def _usable(self) -> np.ndarray:
+        return np.array([self._state(p) == "up" for p in range(self.nodes)])
+
+    def _rebuilding(self) -> np.ndarray:
+        return np.array([self._state(p) == "rebuilding" for p in range(self.nodes)])
+
+    def _try(self, p, header):
+        try:
+            return self._call(p, header, [])
+        except NodeDown:
+            self._lost(p)
+
+    def _lost(self, p):
+        """A call to p failed: the cluster learns it is dead, and this client fails over."""
+        if self.cluster.source(p) == self._sources.get(p):
+            self.cluster.mark_dead(p)
+        self._state(p)
+
+    def _call(self, p, header, arrays):
+        reply, out = self.cluster.channel(p).call(header, arrays, DEADLINE)
+        error = reply.get("error")
+        if error == "not_rebuilt":
+            raise NotRebuilt(reply["table"], out[0])
+        if error == "invalid":
+            raise InvalidRequest(reply["message"])
+        if error:
+            raise Error(f"node {p}: {reply.get('message')}")
+        durable = reply.get("durable")
+        if durable is not None:
+            log = self._log[p]
+            while log and log[0][0] <= durable:
+                log.popleft()
+        return reply, out
+
+    def _failover(self, p):
+        """The node this client knew at p is gone: install a spare if one is left (and none is yet),
+        then replay the writes of this client that its parity did not hold yet."""
+        source = self._sources.get(p)
+        if self.cluster.source(p) == source:  # the client saw it fail first
+            self.cluster.mark_dead(p)
+        others = [q for q in range(self.nodes) if q != p and self.cluster.state(q) != "dead"]
+        applied = [self._call(q, {"op": "applied", "source": source}, [])[0]["upto"] for q in others]
+        upto = max(applied, default=0)
+        pending = [entry for entry in self._log[p] if entry[0] > upto]
+        self._log[p] = deque()
+        self.repair.forget(p)
+        if self.cluster.state(p) == "dead" and self.cluster.replace(p):
+            for spec, _ in self._tables.values():
+                self._call(p, {"op": "create_table", "spec": spec.get_config()}, [])
+        self._sources[p] = self.cluster.source(p)
+        for _, table, kind, ids, values in pending:
+            self._write_node(p, table, kind, ids, values)

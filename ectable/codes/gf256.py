@@ -1,0 +1,87 @@
+"""GF(2^8) arithmetic with zfec's polynomial 0x11D, vectorised over byte arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+POLY = 0x11D
+CHUNK = 64 * 1024  # bytes per lookup pass: keeps source, table and product in L1/L2
+
+
+def _tables():
+    exp = np.zeros(512, dtype=np.int32)
+    log = np.zeros(256, dtype=np.int32)
+    x = 1
+    for i in range(255):
+        exp[i] = x
+        log[x] = i
+        x <<= 1
+        if x & 0x100:
+            x ^= POLY
+    exp[255:510] = exp[:255]
+    return exp, log
+
+
+EXP, LOG = _tables()
+
+
+def mul(a: int, b: int) -> int:
+    """Product of two field elements."""
+    if a == 0 or b == 0:
+        return 0
+    return int(EXP[LOG[a] + LOG[b]])
+
+
+def _product_table(c: int) -> bytes:
+    """The 256-byte table x -> c * x, for bytes.translate."""
+    if c == 0:
+        return bytes(256)
+    out = np.zeros(256, dtype=np.uint8)
+    out[1:] = EXP[LOG[np.arange(1, 256)] + LOG[c]]
+    return out.tobytes()
+
+
+PRODUCT = [_product_table(c) for c in range(256)]
+
+
+def xor_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst ^= src on equal-shaped uint8 arrays, in wide words when possible."""
+    if dst.flags.c_contiguous and src.flags.c_contiguous and dst.nbytes % 8 == 0:
+        np.bitwise_xor(dst.reshape(-1).view(np.uint64), src.reshape(-1).view(np.uint64),
+                       out=dst.reshape(-1).view(np.uint64))
+    else:
+        np.bitwise_xor(dst, src, out=dst)
+
+
+def scale(c: int, src: np.ndarray) -> np.ndarray:
+    """c * src as a new uint8 array of src's shape."""
+    if c == 1:
+        return src.copy()
+    src = np.ascontiguousarray(src)
+    out = np.empty_like(src)
+    flat_in, flat_out = memoryview(src.reshape(-1)), out.reshape(-1)
+    table = PRODUCT[c]
+    for start in range(0, flat_out.size, CHUNK):
+        part = flat_in[start:start + CHUNK].tobytes().translate(table)
+        flat_out[start:start + len(part)] = np.frombuffer(part, dtype=np.uint8)
+    return out
+
+
+def addmul(dst: np.ndarray, c: int, src: np.ndarray) -> None:
+    """dst ^= c * src, in place, on equal-shaped uint8 arrays."""
+    if c == 0:
+        return
+    if c == 1:
+        xor_into(dst, src)
+        return
+    src = np.ascontiguousarray(src)
+    if not dst.flags.c_contiguous:
+        tmp = dst.copy()
+        addmul(tmp, c, src)
+        dst[...] = tmp
+        return
+    flat_in, flat_out = memoryview(src.reshape(-1)), dst.reshape(-1)
+    table = PRODUCT[c]
+    for start in range(0, flat_out.size, CHUNK):
+        part = np.frombuffer(flat_in[start:start + CHUNK].tobytes().translate(table), dtype=np.uint8)
+        seg = flat_out[start:start + part.size]
+        np.bitwise_xor(seg, part, out=seg)

@@ -1,0 +1,17 @@
+"""The exceptions ectable raises: every one is an `Error`."""
+
+
+class Error(Exception):
+    """Base class of every ectable error."""
+
+
+class InvalidRequest(Error, ValueError):
+    """A request was malformed; it changed nothing."""
+
+
+class Unavailable(Error):
+    """Rows cannot be served: more than r slots of their stripe are lost."""
+
+
+class NodeDown(Error):
+    """A node did not answer; the caller may fail over."""

@@ -1,0 +1,324 @@
+"""A storage node's logic, independent of any transport.
+
+A node holds, for every table, the data rows and parity rows that the layout
+gives its position. It answers requests (`handle(header, arrays)`), closes its
+dirty window into parity deltas for the nodes holding its stripes' parity, and
+applies the deltas it receives exactly once. Its host delivers the outgoing
+deltas (`take_outbox`) and reports their acknowledgements (`acked`).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import validate
+from .codes import get_code
+from .errors import InvalidRequest
+from .layout import Layout, table_offset
+from .shard import NotRebuilt, Shard
+from .table import TableSpec
+
+_incarnations = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What every node and client agrees on: active node count and code."""
+
+    nodes: int
+    code: str = "xor"
+    k: int = 4
+    r: int = 1
+    window_rows: int = 1 << 20  # a window closes once this many rows are dirty...
+    window_seconds: float = 5.0  # ...or it is this old, so parity never lags without bound
+
+    def make_code(self):
+        return get_code(self.code, self.k, self.r)
+
+    def layout(self, spec: TableSpec) -> Layout:
+        return Layout(self.nodes, self.k, self.r, spec.num_rows, table_offset(spec.name, self.nodes))
+
+    def get_config(self) -> dict:
+        return dict(self.__dict__)
+
+
+class _Seen:
+    """Which sequence numbers of one source were applied: a floor plus those above it."""
+
+    def __init__(self):
+        self.floor, self.above = 0, set()
+
+    def __contains__(self, seq):
+        return seq <= self.floor or seq in self.above
+
+    def add(self, seq):
+        self.above.add(seq)
+        while self.floor + 1 in self.above:
+            self.floor += 1
+            self.above.remove(self.floor)
+
+
+class Node:
+    """One node's shards, dirty window, outgoing deltas and received-delta bookkeeping."""
+
+    def __init__(self, position: int, config: ClusterConfig, rebuilding: bool = False, clock=time.monotonic):
+        self.position, self.config, self.clock = position, config, clock
+        self.code = config.make_code()
+        self.rebuilding = rebuilding
+        self.source = f"node/{position}/{next(_incarnations)}/{id(self):x}"
+        self.shards: dict[str, Shard] = {}
+        self.write_seq = 0
+        self.window_opened = clock()
+        self._next_seq: dict[int, int] = {}
+        self.outbox: list[tuple[int, dict, list]] = []
+        self.unacked: dict[tuple[int, int], int] = {}  # (target, seq) -> window number
+        self.windows: dict[int, list] = {}  # window number -> [upto, outstanding messages], oldest first
+        self.closed_windows = 0
+        self.closed_upto = 0  # write seq at the last close
+        self.durable_seq = 0
+        self.seen: dict[str, _Seen] = {}
+        self.applied_upto: dict[str, int] = {}
+        self.rejected = 0
+
+    # -- dispatch --------------------------------------------------------
+    def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
+        """Answer one request; errors become error replies and change nothing."""
+        try:
+            if not isinstance(header, dict):
+                raise InvalidRequest("request header must be a map")
+            op = header.get("op")
+            method = self._ops.get(op) if isinstance(op, str) else None
+            if method is None:
+                raise InvalidRequest(f"unknown op {op!r}")
+            reply, out = method(self, header, arrays)
+            self._maybe_close()
+            reply.setdefault("durable", self.durable_seq)
+            return reply, out
+        except NotRebuilt as exc:
+            return {"error": "not_rebuilt", "table": exc.table, "message": str(exc)}, [exc.ids]
+        except InvalidRequest as exc:
+            self.rejected += 1
+            return {"error": "invalid", "message": str(exc)}, []
+        except Exception as exc:  # a node never dies of a request
+            self.rejected += 1
+            return {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, []
+
+    def _shard(self, header) -> Shard:
+        name = header.get("table")
+        shard = self.shards.get(name) if isinstance(name, str) else None
+        if shard is None:
+            raise InvalidRequest(f"unknown table {name!r}")
+        return shard
+
+    @staticmethod
+    def _arrays(arrays, n):
+        if not isinstance(arrays, (list, tuple)) or len(arrays) != n:
+            raise InvalidRequest(f"expected {n} arrays, got {len(arrays) if isinstance(arrays, (list, tuple)) else arrays!r}")
+        if not all(isinstance(a, np.ndarray) for a in arrays):
+            raise InvalidRequest("payload frames must be arrays")
+        return arrays
+
+    def _ids(self, shard, arr):
+        return validate.ids(shard.spec.name, arr, shard.spec.num_rows)
+
+    # -- ops -------------------------------------------------------------
+    def op_create_table(self, header, arrays):
+        spec = TableSpec.from_config(header.get("spec"))
+        existing = self.shards.get(spec.name)
+        if existing is not None:
+            if existing.spec != spec:
+                raise InvalidRequest(f"table {spec.name!r} exists with a different definition")
+            return {}, []
+        self.shards[spec.name] = Shard(spec, self.config.layout(spec), self.position, self.code, self.rebuilding)
+        return {}, []
+
+    def op_tables(self, header, arrays):
+        return {"tables": [s.spec.get_config() for s in self.shards.values()]}, []
+
+    def op_get(self, header, arrays):
+        shard = self._shard(header)
+        (ids,) = self._arrays(arrays, 1)
+        ids = self._ids(shard, ids)
+        return {}, [shard.read(ids, committed=bool(header.get("committed")), records=bool(header.get("records")))]
+
+    def _write(self, header, arrays, what):
+        shard = self._shard(header)
+        ids, values = self._arrays(arrays, 2)
+        ids = self._ids(shard, ids)
+        validate.unique(shard.spec.name, ids)
+        values = validate.rows(shard.spec.name, values, ids.size, shard.dim, what)
+        if self.write_seq == self.closed_upto:
+            self.window_opened = self.clock()  # the window's age counts from its first write
+        (shard.put if what == "rows" else shard.apply_gradient)(ids, values)
+        self.write_seq += 1
+        return {"seq": self.write_seq}, []
+
+    def op_put(self, header, arrays):
+        return self._write(header, arrays, "rows")
+
+    def op_apply_gradient(self, header, arrays):
+        return self._write(header, arrays, "gradients")
+
+    def op_step(self, header, arrays):
+        self.close_window()
+        return {}, []
+
+    def op_delta(self, header, arrays):
+        source, seq, upto, tables = (header.get(key) for key in ("source", "seq", "upto", "tables"))
+        if not (isinstance(source, str) and isinstance(seq, int) and isinstance(upto, int) and isinstance(tables, list)):
+            raise InvalidRequest("delta needs source, seq, upto and tables")
+        seen = self.seen.setdefault(source, _Seen())
+        if seq in seen:
+            return {"ack": seq}, []
+        self._arrays(arrays, 2 * len(tables))
+        work = []
+        for t, name in enumerate(tables):  # check everything before changing anything
+            shard = self._shard({"table": name})
+            ids = self._ids(shard, arrays[2 * t])
+            delta = arrays[2 * t + 1]
+            if delta.dtype != np.uint8 or delta.shape != (ids.size, shard.width * 4):
+                raise InvalidRequest(f"table {name!r}: delta must be uint8 of shape ({ids.size}, {shard.width * 4})")
+            shard.parity_slots(shard.layout.stripe(ids))
+            work.append((shard, ids, delta))
+        for shard, ids, delta in work:
+            shard.apply_delta(ids, delta)
+        seen.add(seq)
+        self.applied_upto[source] = max(self.applied_upto.get(source, 0), upto)
+        return {"ack": seq}, []
+
+    def op_applied(self, header, arrays):
+        """The last write seq of `source` whose deltas were applied here."""
+        return {"upto": self.applied_upto.get(header.get("source"), 0)}, []
+
+    def op_get_parity(self, header, arrays):
+        shard = self._shard(header)
+        (stripes,) = self._arrays(arrays, 1)
+        stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
+        return {}, [shard.read_parity(stripes)]
+
+    def op_restore(self, header, arrays):
+        """Install rebuilt data records (header kind "data") or parity rows ("parity")."""
+        shard = self._shard(header)
+        keys, values = self._arrays(arrays, 2)
+        if shard.missing_data is None:
+            return {}, []
+        if header.get("kind") == "parity":
+            keys = validate.ids(shard.spec.name, keys, shard.layout.num_stripes)
+            if values.dtype != np.uint8 or values.shape != (keys.size, shard.width * 4):
+                raise InvalidRequest(f"table {shard.spec.name!r}: parity rows have the wrong shape")
+            shard.restore_parity(keys, values)
+        else:
+            keys = self._ids(shard, keys)
+            if values.dtype != np.float32 or values.shape != (keys.size, shard.width):
+                raise InvalidRequest(f"table {shard.spec.name!r}: records have the wrong shape")
+            if np.any(shard.layout.data_node(keys) != self.position):
+                raise InvalidRequest(f"table {shard.spec.name!r}: rows do not live on node {self.position}")
+            shard.restore(keys, values)
+        self._settle()
+        return {}, []
+
+    def op_missing(self, header, arrays):
+        """Ids and stripes still to rebuild, at most `limit` of each, per table."""
+        limit = int(header.get("limit", 1 << 16))
+        out, names = [], []
+        for name, shard in self.shards.items():
+            if shard.missing_data is not None:
+                ids, stripes = shard.missing(limit)
+                names.append(name)
+                out += [ids, stripes]
+        return {"tables": names}, out
+
+    def op_status(self, header, arrays):
+        return {"status": self.status()}, []
+
+    _ops = {name[3:]: fn for name, fn in list(locals().items()) if name.startswith("op_")}
+
+    # -- windows and deltas ----------------------------------------------
+    def _maybe_close(self):
+        dirty = sum(len(s.window) for s in self.shards.values())
+        if dirty and (dirty >= self.config.window_rows or self.clock() - self.window_opened >= self.config.window_seconds):
+            self.close_window()
+
+    def close_window(self) -> None:
+        """Turn the dirty rows into one delta message per parity-holding node."""
+        if self.write_seq == self.closed_upto:
+            return  # nothing written since the last close
+        self.closed_upto = self.write_seq
+        if self.config.r == 0:
+            for shard in self.shards.values():
+                shard.window.drain()
+            self.durable_seq = self.write_seq
+            return
+        parts: dict[int, tuple[list, list]] = {t: ([], []) for t in range(self.config.nodes) if t != self.position}
+        for name, shard in self.shards.items():
+            ids, delta = shard.drain()
+            stripes = shard.layout.stripe(ids)
+            targets = np.concatenate([shard.layout.parity_node(stripes, j) for j in range(self.config.r)])
+            rows = np.tile(np.arange(ids.size), self.config.r)
+            order = np.argsort(targets, kind="stable")
+            for target in parts:
+                lo, hi = np.searchsorted(targets[order], [target, target + 1])
+                pick = rows[order[lo:hi]]
+                parts[target][0].append(name)
+                parts[target][1].extend([ids[pick], delta[pick]])
+        self.closed_windows += 1
+        window = self.closed_windows
+        self.windows[window] = [self.write_seq, len(parts)]
+        for target, (names, arrays) in parts.items():
+            seq = self._next_seq.get(target, 0) + 1
+            self._next_seq[target] = seq
+            header = {"op": "delta", "source": self.source, "seq": seq, "upto": self.write_seq, "tables": names}
+            self.outbox.append((target, header, arrays))
+            self.unacked[(target, seq)] = window
+        self._advance()
+
+    def take_outbox(self) -> list[tuple[int, dict, list]]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def acked(self, target: int, seq: int) -> None:
+        """A delta was applied by `target` (or is moot: target died and is rebuilt from data)."""
+        window = self.unacked.pop((target, seq), None)
+        if window is None:
+            return
+        self.windows[window][1] -= 1
+        self._advance()
+
+    def _advance(self):
+        for window, (upto, outstanding) in list(self.windows.items()):
+            if outstanding:
+                break
+            self.durable_seq = upto
+            del self.windows[window]
+
+    def _settle(self):
+        if self.rebuilding and all(s.missing_data is None for s in self.shards.values()):
+            self.rebuilding = False
+
+    def status(self) -> dict:
+        shards = self.shards.values()
+        return {
+            "position": self.position,
+            "source": self.source,
+            "role": "rebuilding" if self.rebuilding else "active",
+            "tables": len(self.shards),
+            "data_rows": sum(s.rows for s in shards),
+            "parity_rows": sum(s.parity.shape[0] for s in shards),
+            "dirty_rows": sum(len(s.window) for s in shards),
+            "unacked_deltas": len(self.unacked),
+            "write_seq": self.write_seq,
+            "durable_seq": self.durable_seq,
+            "rebuild_missing": sum(s.missing_count() for s in shards),
+            "rejected": self.rejected,
+            "bytes": sum(s.nbytes() for s in shards),
+        }
+
+    def peer_replaced(self, target: int) -> None:
+        """A new node took position `target`: what it missed is rebuilt from data, so deltas to it restart."""
+        for key in [key for key in self.unacked if key[0] == target]:
+            self.acked(*key)
+        self.outbox = [msg for msg in self.outbox if msg[0] != target]
+        self._next_seq.pop(target, None)

@@ -1,0 +1,169 @@
+"""One table's data rows and parity rows on one node, in preallocated numpy arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+from .codes import Code
+from .errors import InvalidRequest
+from .initializers import init_rows
+from .layout import Layout
+from .table import TableSpec
+from .window import Window
+
+INIT_CHUNK = 1 << 16  # stripes encoded per pass when a shard initialises its parity
+
+
+class NotRebuilt(Exception):
+    """Rows of a rebuilding shard were touched before their rebuild."""
+
+    def __init__(self, table: str, ids: np.ndarray):
+        super().__init__(f"table {table!r}: {ids.size} rows not rebuilt yet")
+        self.table, self.ids = table, ids
+
+
+class Shard:
+    """Data rows (weights + optimizer state, float32) and parity rows (bytes) of a table on node `node`."""
+
+    def __init__(self, spec: TableSpec, layout: Layout, node: int, code: Code, rebuilding: bool = False):
+        self.spec, self.layout, self.node, self.code = spec, layout, node, code
+        self.optimizer = spec.make_optimizer()
+        self.dim, self.width = spec.dim, spec.width
+        self.records = np.zeros((layout.data_capacity(), self.width), dtype=np.float32)
+        self.parity = np.zeros((layout.parity_capacity(), self.width * 4), dtype=np.uint8)
+        self.window = Window(layout.data_capacity(), self.width)
+        local_ids = layout.data_ids(node, np.arange(layout.data_capacity()))
+        valid = local_ids < spec.num_rows
+        self.rows = int(valid.sum())
+        if rebuilding:
+            self.missing_data = valid
+            self.missing_parity = np.zeros(self.parity.shape[0], dtype=bool)
+            for j in range(layout.r):
+                stripes = layout.stripes_of(node, layout.k + j)
+                self.missing_parity[layout.parity_offset(stripes, j)] = True
+        else:
+            self.missing_data = self.missing_parity = None
+            self.records[valid, : self.dim] = self._initial(local_ids[valid])
+            self._init_parity()
+
+    # -- initial state ---------------------------------------------------
+    def _initial(self, ids):
+        return init_rows(self.spec.init, self.spec.seed, self.spec.name, ids, self.dim)
+
+    def _initial_records(self, ids):
+        out = np.zeros((ids.size, self.width), dtype=np.float32)
+        valid = ids < self.spec.num_rows
+        out[valid, : self.dim] = self._initial(ids[valid])
+        return out
+
+    def _init_parity(self):
+        if self.spec.init["kind"] == "zeros" or self.layout.r == 0:
+            return
+        k = self.layout.k
+        for j in range(self.layout.r):
+            stripes = self.layout.stripes_of(self.node, k + j)
+            for start in range(0, stripes.size, INIT_CHUNK):
+                part = stripes[start:start + INIT_CHUNK]
+                data = [self._initial_records(part * k + i).view(np.uint8) for i in range(k)]
+                self.parity[self.layout.parity_offset(part, j)] = self.code.encode(data)[j]
+
+    # -- data rows -------------------------------------------------------
+    def local(self, ids: np.ndarray) -> np.ndarray:
+        """Local offsets of ids this node must own."""
+        if ids.size and np.any(self.layout.data_node(ids) != self.node):
+            bad = ids[self.layout.data_node(ids) != self.node][0]
+            raise InvalidRequest(f"table {self.spec.name!r}: row {bad} does not live on node {self.node}")
+        local = self.layout.data_offset(ids)
+        if self.missing_data is not None:
+            missing = self.missing_data[local]
+            if missing.any():
+                raise NotRebuilt(self.spec.name, ids[missing])
+        return local
+
+    def read(self, ids, committed=False, records=False) -> np.ndarray:
+        """Weights (or whole records) of rows; `committed`: as of the open window's start."""
+        local = self.local(ids)
+        out = self.window.committed(local, self.records) if committed else self.records[local]
+        return out if records else np.ascontiguousarray(out[:, : self.dim])
+
+    def put(self, ids, rows) -> None:
+        local = self.local(ids)
+        self.window.touch(local, self.records)
+        self.records[local, : self.dim] = rows
+
+    def apply_gradient(self, ids, grads) -> None:
+        local = self.local(ids)
+        self.window.touch(local, self.records)
+        rows = self.records[local]
+        self.optimizer.step(rows, grads, self.dim)
+        self.records[local] = rows
+
+    def drain(self) -> tuple[np.ndarray, np.ndarray]:
+        """Close the window: (global ids, old ^ new record bytes) of every row it touched."""
+        local, old = self.window.drain()
+        delta = old.view(np.uint8)
+        delta ^= self.records[local].view(np.uint8)
+        return self.layout.data_ids(self.node, local), delta
+
+    # -- parity rows -----------------------------------------------------
+    def parity_slots(self, stripes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(parity index j, local offset) of stripes whose parity this node holds."""
+        j = self.layout.slot_on(self.node, stripes) - self.layout.k
+        if stripes.size and (np.any(j < 0) or np.any(j >= self.layout.r)):
+            raise InvalidRequest(f"table {self.spec.name!r}: node {self.node} holds no parity of some stripes")
+        return j, self.layout.parity_offset(stripes, j)
+
+    def apply_delta(self, ids: np.ndarray, delta: np.ndarray) -> None:
+        """parity ^= coefficient * delta for each data row's stripe held here."""
+        j, local = self.parity_slots(self.layout.stripe(ids))
+        pos = self.layout.position(ids)
+        if self.missing_parity is not None:  # not rebuilt yet: its rebuild reads the data as it is then
+            keep = ~self.missing_parity[local]
+            j, local, pos, delta = j[keep], local[keep], pos[keep], delta[keep]
+        group = j * self.layout.k + pos
+        order = np.argsort(group, kind="stable")
+        bounds = np.flatnonzero(np.diff(group[order])) + 1
+        for part in np.split(order, bounds) if order.size else []:
+            rows = local[part]  # distinct: one row per stripe and position
+            block = self.parity[rows]
+            self.code.add_delta(block, int(j[part[0]]), int(pos[part[0]]), delta[part])
+            self.parity[rows] = block
+
+    def read_parity(self, stripes) -> np.ndarray:
+        _, local = self.parity_slots(stripes)
+        if self.missing_parity is not None and self.missing_parity[local].any():
+            raise NotRebuilt(self.spec.name, stripes[self.missing_parity[local]])
+        return self.parity[local]
+
+    # -- rebuild ---------------------------------------------------------
+    def restore(self, ids, records) -> None:
+        """Install rebuilt data records, skipping rows already rebuilt (they may be newer)."""
+        local = self.layout.data_offset(ids)
+        todo = self.missing_data[local]
+        self.records[local[todo]] = records[todo]
+        self.missing_data[local[todo]] = False
+        self._settle()
+
+    def restore_parity(self, stripes, rows) -> None:
+        _, local = self.parity_slots(stripes)
+        todo = self.missing_parity[local]
+        self.parity[local[todo]] = rows[todo]
+        self.missing_parity[local[todo]] = False
+        self._settle()
+
+    def missing(self, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to `limit` data row ids and parity stripes still to rebuild."""
+        data = np.flatnonzero(self.missing_data)[:limit]
+        parity = np.flatnonzero(self.missing_parity)[:limit]
+        return self.layout.data_ids(self.node, data), self.layout.parity_stripes(self.node, parity)[0]
+
+    def missing_count(self) -> int:
+        if self.missing_data is None:
+            return 0
+        return int(self.missing_data.sum() + self.missing_parity.sum())
+
+    def _settle(self):
+        if self.missing_data is not None and not self.missing_data.any() and not self.missing_parity.any():
+            self.missing_data = self.missing_parity = None
+
+    def nbytes(self) -> int:
+        return self.records.nbytes + self.parity.nbytes + self.window.slot.nbytes

@@ -1,0 +1,140 @@
+"""A Hypothesis state machine that drives a cluster against a dict of rows, killing and recovering nodes.
+
+Subclass `ClusterMachine` (or call `machine_for`) with the cluster's settings; run it with
+`run_state_machine_as_test` or expose its `TestCase`. Invariants: every row equals the model,
+and after `flush()` every parity row equals a fresh encode of its stripe.
+"""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from ..cluster import LocalCluster
+from ..errors import InvalidRequest
+from .checks import check_parity, read_records
+from .reference import ReferenceTable
+
+TABLES = {  # name: (rows, dim, optimizer); row counts leave the last stripe short
+    "users": (37, 3, "rowwise_adagrad"),
+    "items": (61, 4, "adagrad"),
+    "ads": (23, 2, "sgd"),
+}
+
+finite = st.floats(-4, 4, width=32, allow_subnormal=False)
+
+
+class ClusterMachine(RuleBasedStateMachine):
+    """put / get / apply_gradient / step / flush / kill / recover against a dict model."""
+
+    nodes, code, k, r, spares = 5, "xor", 4, 1, 2
+    window_rows = 50  # small, so windows also close by size
+    processes = False
+
+    def __init__(self):
+        super().__init__()
+        self.cluster = LocalCluster(nodes=self.nodes, code=self.code, k=self.k, r=self.r, spares=self.spares,
+                                    processes=self.processes, window_rows=self.window_rows, window_seconds=1e9)
+        self.client = self.cluster.connect()
+        self.model = {}
+        for seed, (name, (rows, dim, optimizer)) in enumerate(TABLES.items()):
+            self.client.create_table(name, num_rows=rows, dim=dim, optimizer=optimizer, lr=0.1,
+                                     init="normal" if seed % 2 else "uniform", seed=seed)
+            self.model[name] = ReferenceTable(self.client._table(name)[0])
+        self.lost = set()  # positions whose node died and has not been rebuilt
+
+    def teardown(self):
+        self.cluster.close()
+
+    def _ids(self, data, name, unique=False):
+        rows = TABLES[name][0]
+        return np.array(data.draw(st.lists(st.integers(0, rows - 1), min_size=1, max_size=12, unique=unique)), dtype=np.int64)
+
+    def _matrix(self, data, name, n):
+        dim = TABLES[name][1]
+        return np.array(data.draw(st.lists(finite, min_size=n * dim, max_size=n * dim)), dtype=np.float32).reshape(n, dim)
+
+    @rule(data=st.data(), name=st.sampled_from(sorted(TABLES)))
+    def get(self, data, name):
+        ids = self._ids(data, name)
+        np.testing.assert_array_equal(self.client.get(name, ids), self.model[name].get(ids))
+
+    @rule(data=st.data(), name=st.sampled_from(sorted(TABLES)))
+    def put(self, data, name):
+        ids = self._ids(data, name, unique=True)
+        rows = self._matrix(data, name, ids.size)
+        self.client.put(name, ids, rows)
+        self.model[name].put(ids, rows)
+
+    @rule(data=st.data(), name=st.sampled_from(sorted(TABLES)))
+    def apply_gradient(self, data, name):
+        ids = self._ids(data, name)
+        grads = self._matrix(data, name, ids.size)
+        self.client.apply_gradient(name, ids, grads)
+        self.model[name].apply_gradient(ids, grads)
+
+    @rule(data=st.data(), name=st.sampled_from(sorted(TABLES)))
+    def apply_gradient_many(self, data, name):
+        other = sorted(TABLES)[0]
+        batch = {}
+        for table in {name, other}:
+            ids = self._ids(data, table)
+            batch[table] = (ids, self._matrix(data, table, ids.size))
+        self.client.apply_gradient_many(batch)
+        for table, (ids, grads) in batch.items():
+            self.model[table].apply_gradient(ids, grads)
+
+    @rule(name=st.sampled_from(sorted(TABLES)), bad=st.sampled_from(["id", "nan", "shape", "dup"]))
+    def rejected(self, name, bad):
+        rows, dim, _ = TABLES[name]
+        ids, values = np.array([0, 1]), np.zeros((2, dim), dtype=np.float32)
+        if bad == "id":
+            ids = np.array([0, rows])
+        elif bad == "nan":
+            values[1, 0] = np.nan
+        elif bad == "shape":
+            values = np.zeros((2, dim + 1), dtype=np.float32)
+        else:
+            ids = np.array([1, 1])
+        try:
+            (self.client.put if bad == "dup" else self.client.apply_gradient)(name, ids, values)
+        except InvalidRequest as exc:
+            assert repr(name) in str(exc)
+        else:
+            raise AssertionError(f"bad {bad} was accepted")
+
+    @rule()
+    def step(self):
+        self.client.step()
+
+    @rule()
+    def flush(self):
+        self.client.flush()
+        check_parity(self.cluster, self.client)
+
+    @precondition(lambda self: len(self._unhealthy()) < self.r)
+    @rule(data=st.data())
+    def kill(self, data):
+        alive = [p for p in range(self.nodes) if self.cluster.state(p) != "dead"]
+        self.cluster.kill(data.draw(st.sampled_from(alive)))
+
+    @rule()
+    def recover(self):
+        if self.cluster.spares_left() >= len([p for p in range(self.nodes) if self.cluster.state(p) == "dead"]):
+            self.client.wait_recovered(timeout=60)
+            assert self.client.status()["recovery"]["rebuilding"] == []
+
+    def _unhealthy(self):
+        return [p for p in range(self.nodes) if self.cluster.state(p) != "up"]
+
+    @invariant()
+    def every_row_equals_the_model(self):
+        for name, (rows, _, _) in TABLES.items():
+            ids = np.arange(rows)
+            expect = np.array([self.model[name].record(i) for i in ids])
+            np.testing.assert_array_equal(read_records(self.client, name, ids), expect, err_msg=name)
+
+
+def machine_for(**settings) -> type[ClusterMachine]:
+    """A ClusterMachine subclass with other cluster settings (nodes, code, k, r, spares, processes)."""
+    return type(f"ClusterMachine_{settings.get('code', 'xor')}", (ClusterMachine,), settings)

@@ -1,0 +1,59 @@
+"""Checks of request values; each failure raises InvalidRequest naming the table and the value."""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InvalidRequest
+
+
+def ids(table: str, value, num_rows: int) -> np.ndarray:
+    """A 1-D int64 array of row ids in [0, num_rows)."""
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged lists and the like
+        raise InvalidRequest(f"table {table!r}: ids are not an array ({exc})") from None
+    if arr.dtype == object or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
+        raise InvalidRequest(f"table {table!r}: ids must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise InvalidRequest(f"table {table!r}: ids must be 1-D, got shape {arr.shape}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size:
+        lo, hi = arr.min(), arr.max()
+        if lo < 0 or hi >= num_rows:
+            bad = lo if lo < 0 else hi
+            raise InvalidRequest(f"table {table!r}: id {bad} is out of range [0, {num_rows})")
+    return arr
+
+
+def unique(table: str, arr: np.ndarray) -> None:
+    if arr.size > 1:
+        s = np.sort(arr)
+        dup = s[1:][s[1:] == s[:-1]]
+        if dup.size:
+            raise InvalidRequest(f"table {table!r}: duplicate id {dup[0]} in put")
+
+
+def rows(table: str, value, n: int, dim: int, what: str = "rows") -> np.ndarray:
+    """A C-contiguous float32 [n, dim] array of finite values (float64 is cast)."""
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.dtype not in (np.float32, np.float64):
+        raise InvalidRequest(f"table {table!r}: {what} must be float32 or float64, got dtype {arr.dtype}")
+    if arr.shape != (n, dim):
+        raise InvalidRequest(f"table {table!r}: {what} must have shape ({n}, {dim}), got {arr.shape}")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if arr.size and not np.isfinite(arr).all():
+        where = np.argwhere(~np.isfinite(arr))[0]
+        raise InvalidRequest(f"table {table!r}: {what} hold a non-finite value {arr[tuple(where)]} at {tuple(int(x) for x in where)}")
+    return arr
+
+
+def coalesce(arr: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique ids (ascending) and their gradients summed in order of appearance."""
+    uniq, inverse = np.unique(arr, return_inverse=True)
+    if uniq.size == arr.size:
+        order = np.argsort(arr, kind="stable")
+        return arr[order], grads[order]
+    summed = np.zeros((uniq.size, grads.shape[1]), dtype=np.float32)
+    with np.errstate(over="ignore"):  # an overflowing sum is rejected by the caller
+        np.add.at(summed, inverse.reshape(-1), grads)
+    return uniq, summed

@@ -1,0 +1,11 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", max_examples=25, stateful_step_count=30, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", max_examples=100, stateful_step_count=50, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=1000, stateful_step_count=80, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

@@ -1,0 +1,200 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import ectable
+from ectable.testing import check_parity, read_records
+
+
+@pytest.fixture
+def cluster():
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as c:
+        client = c.connect()
+        client.create_table("items", num_rows=1000, dim=8, optimizer="rowwise_adagrad", lr=0.05, seed=1)
+        client.create_table("users", num_rows=333, dim=4, optimizer="adagrad", lr=0.1, init="normal")
+        yield c, client
+
+
+def everything(client):
+    return {t: read_records(client, t, np.arange(spec["num_rows"])) for t, spec in client.tables().items()}
+
+
+def same(a, b):
+    return all(np.array_equal(a[t], b[t]) for t in a)
+
+
+def test_get_returns_rows_in_order_with_duplicates(cluster):
+    _, client = cluster
+    ids = [5, 999, 5, 0, 12]
+    rows = client.get("items", ids)
+    assert rows.shape == (5, 8) and rows.dtype == np.float32
+    np.testing.assert_array_equal(rows[0], rows[2])
+    np.testing.assert_array_equal(rows[1], client.get("items", [999])[0])
+    assert client.get("items", []).shape == (0, 8)
+
+
+def test_put_then_get_and_float64_is_cast(cluster):
+    _, client = cluster
+    client.put("items", [3, 1], np.array([[1.5] * 8, [2.5] * 8]))
+    np.testing.assert_array_equal(client.get("items", [1, 3]), [[2.5] * 8, [1.5] * 8])
+
+
+@pytest.mark.parametrize("call,args,words", [
+    ("get", ("nope", [1]), "unknown table 'nope'"),
+    ("get", ("items", [1000]), "id 1000 is out of range"),
+    ("get", ("items", [-1]), "id -1 is out of range"),
+    ("get", ("items", [1.5]), "must be integers"),
+    ("get", ("items", [[1, 2]]), "must be 1-D"),
+    ("put", ("items", [1, 1], np.zeros((2, 8))), "duplicate id 1"),
+    ("put", ("items", [1], np.zeros((1, 7))), "shape (1, 8)"),
+    ("put", ("items", [1], np.zeros((1, 8), dtype=np.int32)), "dtype int32"),
+    ("put", ("items", [1], np.full((1, 8), np.inf)), "non-finite"),
+    ("apply_gradient", ("items", [1, 2], np.array([[0] * 8, [np.nan] * 8], dtype=np.float32)), "non-finite"),
+    ("apply_gradient", ("items", [1, 1], np.full((2, 8), 3e38, dtype=np.float32)), "non-finite"),
+])
+def test_bad_input_is_named_and_changes_nothing(cluster, call, args, words):
+    c, client = cluster
+    before = everything(client)
+    with pytest.raises(ectable.InvalidRequest) as err:
+        getattr(client, call)(*args)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, ectable.Error)
+    assert words in str(err.value) and repr(args[0]) in str(err.value)
+    assert same(before, everything(client))
+    assert all(c.state(p) == "up" for p in range(5))
+
+
+def test_multi_table_batches(cluster):
+    _, client = cluster
+    out = client.get_many({"items": [1, 2], "users": [7]})
+    assert out["items"].shape == (2, 8) and out["users"].shape == (1, 4)
+    before = everything(client)
+    with pytest.raises(ectable.InvalidRequest):
+        client.apply_gradient_many({"items": ([1], np.ones((1, 8))), "users": ([400], np.ones((1, 4)))})
+    assert same(before, everything(client))
+    client.apply_gradient_many({"items": ([1], np.ones((1, 8))), "users": ([7], np.ones((1, 4)))})
+    assert not same(before, everything(client))
+
+
+def test_create_table_is_idempotent_and_checked(cluster):
+    _, client = cluster
+    client.create_table("items", num_rows=1000, dim=8, optimizer="rowwise_adagrad", lr=0.05, seed=1)
+    for bad in [dict(num_rows=1000, dim=9, seed=1, optimizer="rowwise_adagrad", lr=0.05),
+                dict(num_rows=0, dim=8), dict(num_rows=10, dim=8, optimizer="lamb"),
+                dict(num_rows=10, dim=8, init="ones"), dict(num_rows=10, dim=8, lr=-1.0)]:
+        with pytest.raises(ectable.InvalidRequest):
+            client.create_table("items" if bad.get("dim") == 9 else "x", **bad)
+    assert set(client.tables()) == {"items", "users"}
+
+
+def train(client, rng, steps, kill=None, at=None):
+    for s in range(steps):
+        if kill is not None and s == at:
+            kill()
+        for table, rows, dim in (("items", 1000, 8), ("users", 333, 4)):
+            ids = rng.zipf(1.3, 64) % rows
+            client.get(table, ids)
+            client.apply_gradient(table, ids, rng.standard_normal((64, dim)).astype(np.float32))
+        if s % 3 == 2:
+            client.step()
+
+
+@pytest.mark.parametrize("code,k,r,spares,kills", [
+    ("xor", 4, 1, 1, [2]), ("xor", 4, 1, 0, [0]), ("rs", 3, 2, 2, [1, 4]), ("rs", 3, 2, 0, [0, 3]), ("rs", 4, 2, 1, [5, 2])])
+def test_kills_mid_window_lose_nothing(code, k, r, spares, kills):
+    def run(kill_nodes):
+        with ectable.LocalCluster(nodes=k + r + 1, code=code, k=k, r=r, spares=spares, processes=False) as c:
+            client = c.connect()
+            client.create_table("items", num_rows=1000, dim=8, optimizer="rowwise_adagrad", lr=0.05)
+            client.create_table("users", num_rows=333, dim=4, optimizer="adagrad", lr=0.1)
+            rng = np.random.default_rng(0)
+            train(client, rng, 4)
+            for n in kill_nodes:
+                if n is not None:
+                    c.kill(n)
+                train(client, rng, 4)  # degraded reads, writes to lost rows, on-demand rebuild
+            state = everything(client)
+            if sum(n is not None for n in kill_nodes) <= spares:
+                client.wait_recovered(timeout=60)
+                assert same(everything(client), state)
+                client.flush()
+                check_parity(c, client)
+            return state
+    assert same(run([None] * len(kills)), run(kills))
+
+
+def test_more_than_r_failures_are_unavailable_for_lost_stripes_only():
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=100, dim=2)
+        c.kill(0)
+        c.kill(1)
+        layout = client._table("t")[1]
+        ids = np.arange(100)
+        slots = layout.slot_node(layout.stripe(ids)[:, None], np.arange(5))
+        lost_stripe = ((slots == 0) | (slots == 1)).sum(axis=1) == 2
+        doomed = ids[lost_stripe & np.isin(layout.data_node(ids), [0, 1])]
+        fine = ids[~np.isin(layout.data_node(ids), [0, 1])]
+        with pytest.raises(ectable.Unavailable):
+            client.get("t", doomed[:1])
+        client.get("t", fine)
+        with pytest.raises(ectable.Unavailable):
+            client.wait_recovered(timeout=1)
+
+
+def test_status_reports_roles_lag_and_recovery(cluster):
+    c, client = cluster
+    client.apply_gradient("items", [1, 2, 3], np.ones((3, 8)))
+    st = client.status()
+    assert st["dirty_rows"] == 3 and st["parity_lag_writes"] >= 1
+    assert [n["role"] for n in st["nodes"]] == ["active"] * 5 and st["spares"] == 1
+    c.kill(3)
+    client.get("items", [0])  # touches node 0 only
+    client.get("items", np.arange(1000))  # touches node 3: fail over to the spare
+    st = client.status()
+    assert st["nodes"][3]["role"] == "rebuilding" and st["recovery"]["rebuilding"] == [3] and st["spares"] == 0
+    client.wait_recovered(timeout=60)
+    st = client.status()
+    assert st["recovery"] == {"rebuilding": [], "rows_left": 0} and st["degraded"] == []
+
+
+def test_deltas_apply_exactly_once_even_duplicated_and_reordered():
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, processes=False) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=90, dim=3)
+        held = []
+        deliver = c._deliver
+        c._deliver = lambda node=None: held.extend((n, *m) for n in c._nodes for m in n.take_outbox())
+        rng = np.random.default_rng(3)
+        for _ in range(3):
+            client.apply_gradient("t", rng.integers(0, 90, 20), rng.standard_normal((20, 3)))
+            client.step()
+        msgs = held + held[::-1] + held  # every message three times, in two orders
+        rng.shuffle(msgs)
+        for src, target, header, arrays in msgs:
+            reply, _ = c.node(target).handle(header, arrays)
+            src.acked(target, reply["ack"])
+        c._deliver = deliver
+        client.flush()
+        check_parity(c, client)
+
+
+@settings(max_examples=200)
+@given(header=st.one_of(st.none(), st.integers(), st.text(), st.dictionaries(
+    st.sampled_from(["op", "table", "source", "seq", "upto", "tables", "spec", "kind", "limit", "committed", "records"]),
+    st.one_of(st.sampled_from(["get", "put", "apply_gradient", "delta", "restore", "create_table", "t", "step", "get_parity"]),
+              st.integers(-5, 5), st.text(max_size=3), st.lists(st.sampled_from(["t", "u"]), max_size=2), st.none()))),
+    arrays=st.lists(st.sampled_from([np.array([1, 2]), np.zeros((2, 3), np.float32), np.zeros((1, 12), np.uint8),
+                                     np.array([np.nan]), np.array(["x"]), np.zeros((0,))]), max_size=4))
+def test_nodes_survive_garbage_requests(header, arrays):
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=10, dim=3)
+        before = everything(client)
+        for p in range(5):
+            reply, out = c.node(p).handle(header, arrays)
+            assert isinstance(reply, dict)
+        c._deliver()
+        if not (isinstance(header, dict) and header.get("op") in ("put", "apply_gradient", "delta")):
+            assert same(before, everything(client))
+        client.flush()
+        check_parity(c, client)

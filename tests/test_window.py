@@ -1,0 +1,61 @@
+import numpy as np
+from hypothesis import given, strategies as st
+
+import ectable
+from ectable.window import Window
+
+
+@given(st.lists(st.lists(st.integers(0, 19), unique=True, max_size=8), max_size=10))
+def test_window_keeps_first_old_value_and_drains_each_row_once(writes):
+    records = np.arange(20 * 2, dtype=np.float32).reshape(20, 2)
+    first = {}
+    w = Window(20, 2)
+    for step, local in enumerate(writes):
+        local = np.array(local, dtype=np.int64)
+        w.touch(local, records)
+        for x in local:
+            first.setdefault(int(x), records[x].copy())
+        records[local] += 100 + step
+        np.testing.assert_array_equal(w.committed(np.arange(20), records)[sorted(first)],
+                                      np.array([first[x] for x in sorted(first)]).reshape(-1, 2))
+    rows, old = w.drain()
+    assert sorted(rows.tolist()) == sorted(first)
+    for x, o in zip(rows, old):
+        np.testing.assert_array_equal(o, first[int(x)])
+    assert len(w) == 0 and (w.slot == -1).all()
+
+
+def test_window_cost_follows_the_rows_touched():
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, processes=False) as c:
+        cl = c.connect()
+        cl.create_table("t", num_rows=200_000, dim=4)
+        cl.apply_gradient("t", [3, 3, 17, 150_000], np.ones((4, 4)))
+        assert cl.status()["dirty_rows"] == 3
+        cl.step()
+        assert cl.status()["dirty_rows"] == 0
+        node = c.node(int(cl._table("t")[1].data_node(17)))
+        assert node.durable_seq == node.write_seq
+
+
+def test_windows_close_by_size():
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False, window_rows=10) as c:
+        cl = c.connect()
+        cl.create_table("t", num_rows=1000, dim=2)
+        cl.put("t", np.arange(200), np.ones((200, 2)))
+        assert cl.status()["dirty_rows"] == 0  # each node's 40 rows passed the bound
+        from ectable.testing import check_parity
+        check_parity(c, cl)
+
+
+def test_windows_close_by_age():
+    now = [0.0]
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False, window_seconds=2.0) as c:
+        for p in range(5):
+            c.node(p).clock = lambda: now[0]
+        cl = c.connect()
+        cl.create_table("t", num_rows=100, dim=2)
+        cl.put("t", [1], np.ones((1, 2)))
+        assert cl.status()["dirty_rows"] == 1
+        now[0] = 3.0
+        cl.get("t", [1])
+        assert cl.status()["dirty_rows"] == 0

@@ -1,0 +1,11 @@
+"""Transports: how clients and nodes exchange (header, arrays) messages.
+
+`Channel` is the one interface: a request/reply path to one node. The in-process
+implementation calls the node's logic directly (for `processes=False`); the
+ZeroMQ one (next) carries the same messages as a msgpack header frame plus raw
+array frames.
+"""
+from .base import Channel
+from .inprocess import InProcessChannel
+
+__all__ = ["Channel", "InProcessChannel"]

@@ -1,0 +1,23 @@
+"""The in-process transport: calls a node's logic directly, in the caller's thread."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import NodeDown
+from .base import Channel
+
+
+class InProcessChannel(Channel):
+    """A channel to the node that `resolve()` returns (None: the node is down)."""
+
+    def __init__(self, resolve: Callable, after: Callable | None = None):
+        self._resolve, self._after = resolve, after
+
+    def call(self, header, arrays, timeout):
+        node = self._resolve()
+        if node is None:
+            raise NodeDown(f"node for {header.get('op')!r} is down")
+        reply = node.handle(header, arrays)
+        if self._after is not None:
+            self._after(node)
+        return reply
