@@ -27,6 +27,7 @@ class Client:
         self._log: dict[int, deque] = {p: deque() for p in range(self.nodes)}  # writes not yet in parity
         self._sources: dict[int, str] = {}
         self.repair = Repair(self)
+        self.rebuild_budget = REBUILD_BUDGET
         for p in range(self.nodes):
             self._sources[p] = cluster.source(p)
             if self._sources[p] is not None:
@@ -143,7 +144,7 @@ class Client:
             self._try(p, {"op": "step"})
         for p in self._positions():
             if self._state(p) == "rebuilding":
-                self.repair.rebuild_step(p, REBUILD_BUDGET)
+                self.repair.rebuild_step(p, self.rebuild_budget)
 
     def flush(self, timeout: float = DEADLINE) -> None:
         """Return once every node's parity reflects every acknowledged write."""

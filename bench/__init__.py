@@ -1,0 +1,1 @@
+"""ectable's benchmarks: each module runs with `python -m bench.NAME`, prints a table and writes JSON."""

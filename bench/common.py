@@ -1,0 +1,48 @@
+"""Shared helpers: timing, tables and JSON results."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import time
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def best_rate(fn, nbytes: float, repeat: int = 5, min_time: float = 0.2) -> float:
+    """Best observed throughput of fn() in bytes per second (best of `repeat` runs)."""
+    fn()
+    best = 0.0
+    for _ in range(repeat):
+        n, start = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_time:
+                break
+        best = max(best, nbytes * n / elapsed)
+    return best
+
+
+def machine() -> dict:
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+
+
+def report(name: str, columns: list[str], rows: list[list], extra: dict | None = None) -> pathlib.Path:
+    """Print rows as a table and write them as JSON under bench/results/."""
+    widths = [max(len(str(c)), *(len(_fmt(r[i])) for r in rows)) for i, c in enumerate(columns)]
+    print("  ".join(str(c).rjust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(_fmt(v).rjust(w) for v, w in zip(r, widths)))
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"benchmark": name, "machine": machine(), "columns": columns, "rows": rows, **(extra or {})}
+    path.write_text(json.dumps(payload, indent=2))
+    print(f"wrote {path.relative_to(RESULTS.parent.parent)}")
+    return path
+
+
+def _fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
