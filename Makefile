@@ -20,6 +20,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.gf_kernel
 	$(PY) -m bench.memory
+	$(PY) -m bench.window_cost
 
 clean:
 	rm -rf $(VENV) build *.egg-info
