@@ -2,7 +2,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=50, stateful_step_count=40, deadline=None,
+settings.register_profile("ci", max_examples=150, stateful_step_count=50, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=100, stateful_step_count=50, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -7,7 +7,7 @@ and after `flush()` every parity row equals a fresh encode of its stripe.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import event, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ..cluster import LocalCluster
@@ -117,12 +117,15 @@ class ClusterMachine(RuleBasedStateMachine):
     def kill(self, data):
         alive = [p for p in range(self.nodes) if self.cluster.state(p) != "dead"]
         self.cluster.kill(data.draw(st.sampled_from(alive)))
+        event(f"killed, {len(self._unhealthy())} unhealthy")
 
     @rule()
     def recover(self):
         if self.cluster.spares_left() >= len([p for p in range(self.nodes) if self.cluster.state(p) == "dead"]):
+            rebuilding = bool(self.client.status()["recovery"]["rebuilding"])
             self.client.wait_recovered(timeout=60)
             assert self.client.status()["recovery"]["rebuilding"] == []
+            event("recovered" + (" a rebuilding node" if rebuilding else ""))
 
     def _unhealthy(self):
         return [p for p in range(self.nodes) if self.cluster.state(p) != "up"]
