@@ -181,7 +181,10 @@ class Node:
             delta = arrays[2 * t + 1]
             if delta.dtype != np.uint8 or delta.shape != (ids.size, shard.width * 4):
                 raise InvalidRequest(f"table {name!r}: delta must be uint8 of shape ({ids.size}, {shard.width * 4})")
-            shard.parity_slots(shard.layout.stripe(ids))
+            stripes = shard.layout.stripe(ids)
+            shard.parity_slots(stripes)
+            if np.unique(stripes).size != stripes.size:
+                raise InvalidRequest(f"table {name!r}: a delta names a stripe twice")
             work.append((shard, ids, delta))
         for shard, ids, delta in work:
             shard.apply_delta(ids, delta)

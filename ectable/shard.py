@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codes import Code
+from .codes import Code, gf256
 from .errors import InvalidRequest
 from .initializers import init_rows
 from .layout import Layout
@@ -113,20 +113,15 @@ class Shard:
         return j, self.layout.parity_offset(stripes, j)
 
     def apply_delta(self, ids: np.ndarray, delta: np.ndarray) -> None:
-        """parity ^= coefficient * delta for each data row's stripe held here."""
+        """parity ^= coefficient * delta for each data row's stripe held here (ids: unique stripes)."""
         j, local = self.parity_slots(self.layout.stripe(ids))
         pos = self.layout.position(ids)
         if self.missing_parity is not None:  # not rebuilt yet: its rebuild reads the data as it is then
             keep = ~self.missing_parity[local]
             j, local, pos, delta = j[keep], local[keep], pos[keep], delta[keep]
-        group = j * self.layout.k + pos
-        order = np.argsort(group, kind="stable")
-        bounds = np.flatnonzero(np.diff(group[order])) + 1
-        for part in np.split(order, bounds) if order.size else []:
-            rows = local[part]  # distinct: one row per stripe and position
-            block = self.parity[rows]
-            self.code.add_delta(block, int(j[part[0]]), int(pos[part[0]]), delta[part])
-            self.parity[rows] = block
+        block = self.parity[local]
+        gf256.xor_into(block, self.code.delta_terms(j, pos, delta))
+        self.parity[local] = block
 
     def read_parity(self, stripes) -> np.ndarray:
         _, local = self.parity_slots(stripes)

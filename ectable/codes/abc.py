@@ -13,6 +13,7 @@ Implementations must make `encode`, `decode` and `add_delta` agree bit for bit.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import cached_property
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -57,6 +58,20 @@ class Code(ABC):
     def add_delta(self, parity: np.ndarray, j: int, i: int, delta: np.ndarray) -> None:
         """parity ^= coefficient(j, i) * delta, in place."""
         gf256.addmul(parity, self.coefficient(j, i), delta)
+
+    @cached_property
+    def coefficients(self) -> np.ndarray:
+        """The r x k matrix of coefficient(j, i)."""
+        return np.array([[self.coefficient(j, i) for i in range(self.k)] for j in range(self.r)], dtype=np.uint8)
+
+    def delta_terms(self, j: np.ndarray, i: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """Row x of the result is coefficient(j[x], i[x]) * delta[x]: what parity row x must XOR in."""
+        coef = self.coefficients[j, i]
+        out = np.empty_like(delta)
+        for c in np.unique(coef):
+            rows = coef == c
+            out[rows] = gf256.scale(int(c), delta[rows])
+        return out
 
     def get_config(self) -> dict:
         return {"id": self.codec_id, "k": self.k, "r": self.r}

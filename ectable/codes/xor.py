@@ -18,6 +18,9 @@ class XorCode(Code):
     def coefficient(self, j, i):
         return 1
 
+    def delta_terms(self, j, i, delta):
+        return delta
+
     def encode(self, data):
         out = np.array(data[0], dtype=np.uint8, copy=True)
         for block in data[1:]:

@@ -1,0 +1,81 @@
+"""Training-loop throughput: get + apply_gradient + step over Zipf-skewed batches, dim 64.
+
+Runs code="none", xor(4,1) and rs(4,2) on the same 6 nodes, and in-process numpy
+gather/scatter of the same rows (the floor), all in one run; prints rows/s and ratios.
+Nodes run in process for now (`processes=False`); the ZeroMQ transport brings processes.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import ectable
+
+from .common import report
+
+DIM = 64
+WARMUP = 3  # untimed iterations first
+
+
+def batches(rows: int, n: int, per_batch: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [(rng.zipf(1.1, per_batch) - 1) % rows for _ in range(n)]
+
+
+def numpy_floor(rows: int, work) -> float:
+    table = np.ones((rows, DIM + 1), dtype=np.float32)  # written, so its pages exist before timing
+    lr = np.float32(0.01)
+    start = 0.0
+    for n, (ids, grads) in enumerate(work):
+        if n == WARMUP:
+            start = time.perf_counter()
+        uniq, inv = np.unique(ids, return_inverse=True)
+        table[uniq]  # the get
+        summed = np.zeros((uniq.size, DIM), dtype=np.float32)
+        np.add.at(summed, inv, grads)
+        rec = table[uniq]
+        rec[:, DIM:] += np.mean(summed * summed, axis=1, keepdims=True)
+        rec[:, :DIM] -= lr * summed / (np.sqrt(rec[:, DIM:]) + np.float32(1e-8))
+        table[uniq] = rec
+    return time.perf_counter() - start
+
+
+def cluster_loop(rows: int, work, code: str, k: int, r: int) -> float:
+    with ectable.LocalCluster(nodes=6, code=code, k=k, r=r, processes=False) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", init="zeros")
+        start = 0.0
+        for n, (ids, grads) in enumerate(work):
+            if n == WARMUP:
+                start = time.perf_counter()
+            client.get("t", ids)
+            client.apply_gradient("t", ids, grads)
+            client.step()
+        client.flush()
+        return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=20_000, help="ids per batch (before dedup)")
+    args = parser.parse_args()
+    ids = batches(args.rows, args.iters, args.batch)
+    rng = np.random.default_rng(1)
+    work = [(i, rng.standard_normal((i.size, DIM)).astype(np.float32)) for i in ids]
+    unique = np.mean([np.unique(i).size for i in ids])
+    total = sum(i.size for i in ids[WARMUP:])
+    results = {"numpy": numpy_floor(args.rows, work)}
+    for code, k, r in [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2)]:
+        results[f"{code}({k},{r})" if r else "none"] = cluster_loop(args.rows, work, code, k, r)
+    out = [[name, round(total / secs), round(results["none"] / secs, 3), round(results["numpy"] / secs, 3)]
+           for name, secs in results.items()]
+    print(f"{args.iters} batches of {args.batch} ids ({unique:.0f} unique on average), {args.rows} rows, dim {DIM}")
+    report("train_loop", ["store", "ids/s", "vs none", "vs numpy"], out, {"unique_per_batch": unique})
+
+
+if __name__ == "__main__":
+    main()
