@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import time
-from collections import deque
-
 import numpy as np
 
 from . import validate
@@ -24,15 +22,13 @@ class Client:
         self.config = cluster.config
         self.nodes = self.config.nodes
         self._tables: dict[str, tuple[TableSpec, object]] = {}
-        self._log: dict[int, deque] = {p: deque() for p in range(self.nodes)}  # writes not yet in parity
+        self._log = cluster.redo_log  # per position: writes not yet in parity, shared by the cluster's clients
         self._sources: dict[int, str] = {}
         self.repair = Repair(self)
         self.rebuild_budget = REBUILD_BUDGET
         for p in range(self.nodes):
             self._sources[p] = cluster.source(p)
-            if self._sources[p] is not None:
-                for config in self._call(p, {"op": "tables"}, [])[0]["tables"]:
-                    self._remember(TableSpec.from_config(config))
+        self._refresh_tables()
 
     # -- tables ----------------------------------------------------------
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
@@ -54,10 +50,19 @@ class Client:
         self._tables[spec.name] = (spec, self.config.layout(spec))
 
     def _table(self, table):
+        if isinstance(table, str) and table not in self._tables:
+            self._refresh_tables()  # another client may have created it
         try:
             return self._tables[table]
         except (KeyError, TypeError):
             raise InvalidRequest(f"unknown table {table!r}") from None
+
+    def _refresh_tables(self):
+        for p in range(self.nodes):
+            if self.cluster.state(p) == "up":
+                for config in self._call(p, {"op": "tables"}, [])[0]["tables"]:
+                    self._remember(TableSpec.from_config(config))
+                return
 
     # -- reads -----------------------------------------------------------
     def get(self, table: str, ids) -> np.ndarray:
@@ -121,7 +126,11 @@ class Client:
 
     def _write(self, table, kind, ids, values):
         _, layout = self._table(table)
-        for p, where in self._by_node(layout, ids):
+        parts = list(self._by_node(layout, ids))
+        for p, where in parts:  # refuse before writing anything if some rows cannot be served
+            if self._state(p) == "dead":
+                self.repair.check(table, ids[where])
+        for p, where in parts:
             self._write_node(p, table, kind, ids[where], values[where])
 
     def _write_node(self, p, table, kind, ids, values):
@@ -242,25 +251,29 @@ class Client:
         if error:
             raise Error(f"node {p}: {reply.get('message')}")
         durable = reply.get("durable")
-        if durable is not None:
+        if durable is not None and self.cluster.source(p) == self._sources.get(p):
             log = self._log[p]
             while log and log[0][0] <= durable:
                 log.popleft()
         return reply, out
 
     def _failover(self, p):
-        """The node this client knew at p is gone: install a spare if one is left (and none is yet),
-        then replay the writes of this client that its parity did not hold yet."""
+        """The node this client knew at p is gone. The first client to notice installs a spare if one
+        is left and replays, in the node's order, every client's writes that its parity did not hold."""
         source = self._sources.get(p)
-        if self.cluster.source(p) == source:  # the client saw it fail first
+        if self.cluster.source(p) == source:  # this client saw it fail first
             self.cluster.mark_dead(p)
+        self.repair.forget(p)
+        if not self.cluster.claim_failover(source):
+            self._sources[p] = self.cluster.source(p)
+            return
         others = [q for q in range(self.nodes) if q != p and self.cluster.state(q) != "dead"]
         applied = [self._call(q, {"op": "applied", "source": source}, [])[0]["upto"] for q in others]
         upto = max(applied, default=0)
         pending = [entry for entry in self._log[p] if entry[0] > upto]
-        self._log[p] = deque()
-        self.repair.forget(p)
+        self._log[p].clear()
         if self.cluster.state(p) == "dead" and self.cluster.replace(p):
+            self._refresh_tables()
             for spec, _ in self._tables.values():
                 self._call(p, {"op": "create_table", "spec": spec.get_config()}, [])
         self._sources[p] = self.cluster.source(p)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 
 from .client import Client
 from .errors import Error
@@ -33,6 +34,8 @@ class LocalCluster:
         self.processes = processes
         self._nodes: list[Node | None] = [Node(p, self.config) for p in range(nodes)]
         self._spares = spares
+        self.redo_log = [deque() for _ in range(nodes)]  # clients' writes per position, until durable
+        self._failed_over: set = set()
         self._channels = [InProcessChannel(lambda p=p: self._nodes[p], self._deliver) for p in range(nodes)]
 
     def __enter__(self):
@@ -81,6 +84,13 @@ class LocalCluster:
 
     def mark_dead(self, p: int) -> None:
         self._nodes[p] = None
+
+    def claim_failover(self, source) -> bool:
+        """True for the first client to ask about a dead node's identity: it fails that node over."""
+        if source is None or source in self._failed_over:
+            return False
+        self._failed_over.add(source)
+        return True
 
     def replace(self, p: int) -> bool:
         """Put a spare in dead position p, empty and rebuilding; False when none is left."""

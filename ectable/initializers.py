@@ -43,6 +43,9 @@ def check_init(config: dict, dim: int) -> dict:
     kind = config.get("kind")
     if kind not in KINDS:
         raise ValueError(f"unknown init {kind!r}; choose one of {list(KINDS)}")
+    for key in ("low", "high", "mean", "std"):
+        if key in config and not np.isfinite(float(config[key])):
+            raise ValueError(f"{kind} init needs a finite {key}, got {config[key]}")
     if kind == "uniform":
         bound = 1.0 / np.sqrt(dim)
         config.setdefault("low", -bound)

@@ -94,7 +94,6 @@ class Node:
             if method is None:
                 raise InvalidRequest(f"unknown op {op!r}")
             reply, out = method(self, header, arrays)
-            self._maybe_close()
             reply.setdefault("durable", self.durable_seq)
             return reply, out
         except NotRebuilt as exc:
@@ -133,6 +132,7 @@ class Node:
                 raise InvalidRequest(f"table {spec.name!r} exists with a different definition")
             return {}, []
         self.shards[spec.name] = Shard(spec, self.config.layout(spec), self.position, self.code, self.rebuilding)
+        self._settle()
         return {}, []
 
     def op_tables(self, header, arrays):
@@ -154,7 +154,9 @@ class Node:
             self.window_opened = self.clock()  # the window's age counts from its first write
         (shard.put if what == "rows" else shard.apply_gradient)(ids, values)
         self.write_seq += 1
-        return {"seq": self.write_seq}, []
+        seq = self.write_seq
+        self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
+        return {"seq": seq}, []
 
     def op_put(self, header, arrays):
         return self._write(header, arrays, "rows")
@@ -170,6 +172,8 @@ class Node:
         source, seq, upto, tables = (header.get(key) for key in ("source", "seq", "upto", "tables"))
         if not (isinstance(source, str) and isinstance(seq, int) and isinstance(upto, int) and isinstance(tables, list)):
             raise InvalidRequest("delta needs source, seq, upto and tables")
+        if len(set(map(str, tables))) != len(tables):
+            raise InvalidRequest("a delta names a table twice")
         seen = self.seen.setdefault(source, _Seen())
         if seq in seen:
             return {"ack": seq}, []

@@ -28,20 +28,30 @@ class Repair:
         self._next_seq.pop(position, None)
 
     # -- reading whole stripes -------------------------------------------
+    def _survivors(self, table: str, stripes: np.ndarray):
+        """(slot nodes, known-zero slots, readable slots) of stripes; Unavailable if one has < k."""
+        spec, layout = self.client._table(table)
+        k, slots = layout.k, np.arange(layout.width)
+        nodes = layout.slot_node(stripes[:, None], slots)
+        virtual = np.zeros(nodes.shape, dtype=bool)
+        virtual[:, :k] = stripes[:, None] * k + slots[:k] >= spec.num_rows  # past the last row: zeros
+        have = self.client._usable()[nodes] | virtual
+        short = have.sum(axis=1) < k
+        if short.any():
+            raise Unavailable(f"table {table!r}: stripe {stripes[short][0]} lost more than r={layout.r} slots")
+        return nodes, virtual, have
+
+    def check(self, table: str, ids: np.ndarray) -> None:
+        """Raise Unavailable unless every row of `ids` can be decoded."""
+        self._survivors(table, np.unique(self.client._table(table)[1].stripe(ids)))
+
     def recover(self, table: str, stripes: np.ndarray) -> np.ndarray:
         """Every slot (data records and parity, as bytes) of `stripes`: [n, k + r, record bytes]."""
         spec, layout = self.client._table(table)
         k, width = layout.k, layout.width
         nbytes = spec.width * 4
         slots = np.arange(width)
-        nodes = layout.slot_node(stripes[:, None], slots)
-        virtual = np.zeros(nodes.shape, dtype=bool)
-        virtual[:, :k] = stripes[:, None] * k + slots[:k] >= spec.num_rows  # past the last row: zeros
-        usable = self.client._usable()
-        have = usable[nodes] | virtual
-        short = (have.sum(axis=1) < k)
-        if short.any():
-            raise Unavailable(f"table {table!r}: stripe {stripes[short][0]} lost more than r={layout.r} slots")
+        nodes, virtual, have = self._survivors(table, stripes)
         chosen = have & (np.cumsum(have, axis=1) <= k)
         blocks = np.zeros((stripes.size, width, nbytes), dtype=np.uint8)
         read = chosen & ~virtual

@@ -40,6 +40,7 @@ class Shard:
             for j in range(layout.r):
                 stripes = layout.stripes_of(node, layout.k + j)
                 self.missing_parity[layout.parity_offset(stripes, j)] = True
+            self._settle()
         else:
             self.missing_data = self.missing_parity = None
             self.records[valid, : self.dim] = self._initial(local_ids[valid])

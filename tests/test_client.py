@@ -198,3 +198,55 @@ def test_nodes_survive_garbage_requests(header, arrays):
             assert same(before, everything(client))
         client.flush()
         check_parity(c, client)
+
+
+def test_two_clients_share_what_is_not_yet_durable():
+    def run(kill):
+        with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as c:
+            a = c.connect()
+            a.create_table("t", num_rows=100, dim=2, optimizer="adagrad", init="zeros")
+            b = c.connect()
+            rows = [i for i in range(100) if a._table("t")[1].data_node(i) == 2][:3]
+            a.apply_gradient("t", rows, np.ones((3, 2)))
+            b.apply_gradient("t", rows[:2], np.full((2, 2), 2.0))
+            if kill:
+                c.kill(2)
+            b.put("t", rows[2:], np.full((1, 2), 7.0))  # b notices; a's writes must be replayed first
+            a.apply_gradient("t", rows, np.ones((3, 2)))
+            b.status()
+            a.wait_recovered(timeout=30)
+            return read_records(b, "t", np.arange(100))
+    np.testing.assert_array_equal(run(False), run(True))
+
+
+def test_a_write_that_cannot_be_served_changes_nothing():
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=100, dim=2, init="zeros")
+        layout = client._table("t")[1]
+        c.kill(0)
+        c.kill(1)
+        stripe0 = np.arange(4)
+        live = stripe0[~np.isin(layout.data_node(stripe0), [0, 1])]
+        with pytest.raises(ectable.Unavailable):
+            client.put("t", stripe0, np.ones((4, 2)))
+        np.testing.assert_array_equal(client.get("t", live), np.zeros((live.size, 2)))
+
+
+def test_a_replacement_with_nothing_to_rebuild_is_up_at_once():
+    with ectable.LocalCluster(nodes=8, code="xor", k=2, r=1, spares=1, processes=False) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=4, dim=2)  # 2 stripes: most nodes hold only padding
+        idle = next(p for p in range(8) if client._table("t")[1].rows_on(p).size == 0
+                    and p not in client._table("t")[1].slot_node(np.arange(2)[:, None], np.arange(3)))
+        c.kill(idle)
+        client.wait_recovered(timeout=5)
+        assert c.state(idle) == "up"
+
+
+@pytest.mark.parametrize("init", [{"init": "normal", "std": np.inf}, {"init": "uniform", "low": -np.inf, "high": 0.0},
+                                  {"init": "normal", "mean": np.nan}])
+def test_non_finite_initialiser_parameters_are_refused(cluster, init):
+    _, client = cluster
+    with pytest.raises(ectable.InvalidRequest, match="finite"):
+        client.create_table("bad", num_rows=10, dim=2, **init)

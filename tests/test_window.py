@@ -58,4 +58,6 @@ def test_windows_close_by_age():
         assert cl.status()["dirty_rows"] == 1
         now[0] = 3.0
         cl.get("t", [1])
+        assert cl.status()["dirty_rows"] == 1  # reads never move the cut a degraded read relies on
+        cl.put("t", [1], np.ones((1, 2)))
         assert cl.status()["dirty_rows"] == 0
