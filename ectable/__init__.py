@@ -1,8 +1,8 @@
 """ectable: erasure-coded, fault-tolerant storage for the embedding tables of recommendation models."""
 from .client import Client
-from .cluster import LocalCluster
+from .cluster import LocalCluster, connect
 from .errors import Error, InvalidRequest, NodeDown, Unavailable
 from .table import TableSpec
 
 __version__ = "0.1.0"
-__all__ = ["LocalCluster", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown"]
+__all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown"]

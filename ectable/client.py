@@ -67,19 +67,27 @@ class Client:
     # -- reads -----------------------------------------------------------
     def get(self, table: str, ids) -> np.ndarray:
         """Rows of `ids` as float32 [len(ids), dim], in order, duplicates repeated."""
-        spec, layout = self._table(table)
-        ids = validate.ids(table, ids, spec.num_rows)
-        uniq, inverse = np.unique(ids, return_inverse=True)
-        out = np.empty((uniq.size, spec.dim), dtype=np.float32)
-        for p, where in self._by_node(layout, uniq):
-            out[where] = self._read_node(p, table, uniq[where])
-        return out[inverse.reshape(-1)]
+        return self.get_many({table: ids})[table]
 
     def get_many(self, batch: dict) -> dict:
-        """{table: ids} -> {table: rows}."""
-        return {table: self.get(table, ids) for table, ids in self._check_many(batch, lambda t, v: v).items()}
+        """{table: ids} -> {table: rows}, one request per node for all tables, sent in parallel."""
+        plan = {}
+        for table, ids in self._check_many(batch).items():
+            spec, _ = self._table(table)
+            uniq, inverse = np.unique(validate.ids(table, ids, spec.num_rows), return_inverse=True)
+            plan[table] = (uniq, inverse.reshape(-1), np.empty((uniq.size, spec.dim), dtype=np.float32))
+        parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
+        done = self._fan_out({p: ({"op": "get_many", "tables": [t for t, _, _ in ps]}, [ids for _, ids, _ in ps])
+                              for p, ps in parts.items()})
+        for p, ps in parts.items():
+            rows = done.get(p)
+            for n, (table, ids, where) in enumerate(ps):
+                out = plan[table][2]
+                out[where] = rows[n] if rows is not None else self._read_node(p, table, ids)
+        return {table: out[inverse] for table, (_, inverse, out) in plan.items()}
 
     def _read_node(self, p, table, ids, records=False):
+        """Rows from node p, decoding them if it is dead and rebuilding them first if needed."""
         while True:
             if self._state(p) == "dead":
                 out = self.repair.read(table, ids)
@@ -89,26 +97,29 @@ class Client:
             except NodeDown:
                 self._lost(p)
             except NotRebuilt as exc:
-                self.repair.rebuild_rows(p, table, exc.ids)
+                self.repair.rebuild_rows(p, exc.table, exc.ids)
 
     # -- writes ----------------------------------------------------------
     def put(self, table: str, ids, rows) -> None:
         """Assign the weights of rows `ids` (unique); their optimizer state is kept."""
-        spec, layout = self._table(table)
+        spec, _ = self._table(table)
         ids = validate.ids(table, ids, spec.num_rows)
         validate.unique(table, ids)
         rows = validate.rows(table, rows, ids.size, spec.dim, "rows")
-        self._write(table, "put", ids, rows)
+        self._write({table: ("put", ids, rows)})
 
     def apply_gradient(self, table: str, ids, grads) -> None:
         """Sum the gradients of duplicate ids, then take one optimizer step per unique row."""
-        self._write(table, "apply_gradient", *self._gradients(table, ids, grads))
+        self.apply_gradient_many({table: (ids, grads)})
 
     def apply_gradient_many(self, batch: dict) -> None:
-        """{table: (ids, grads)}: every table is checked before any is written."""
-        checked = self._check_many(batch, lambda t, v: self._gradients(t, *v))
-        for table, (ids, grads) in checked.items():
-            self._write(table, "apply_gradient", ids, grads)
+        """{table: (ids, grads)}: every table is checked before any is written; one request per node."""
+        checked = {}
+        for table, value in self._check_many(batch).items():
+            if not (isinstance(value, (tuple, list)) and len(value) == 2):
+                raise InvalidRequest(f"table {table!r}: expected (ids, grads), got {type(value).__name__}")
+            checked[table] = ("apply_gradient", *self._gradients(table, *value))
+        self._write(checked)
 
     def _gradients(self, table, ids, grads):
         spec, _ = self._table(table)
@@ -119,32 +130,75 @@ class Client:
             raise InvalidRequest(f"table {table!r}: gradients of duplicate ids sum to a non-finite value")
         return ids, grads
 
-    def _check_many(self, batch, check):
+    def _check_many(self, batch):
         if not isinstance(batch, dict):
             raise InvalidRequest(f"a multi-table batch must be a dict of table -> values, got {type(batch).__name__}")
-        return {table: check(table, value) for table, value in batch.items()}
+        for table in batch:
+            self._table(table)
+        return batch
 
-    def _write(self, table, kind, ids, values):
-        _, layout = self._table(table)
-        parts = list(self._by_node(layout, ids))
-        for p, where in parts:  # refuse before writing anything if some rows cannot be served
+    def _write(self, batch: dict) -> None:
+        """Write {table: (kind, ids, values)}: one request per node, in parallel."""
+        parts = self._parts({table: ids for table, (_, ids, _) in batch.items()})
+        for p, ps in parts.items():  # refuse before writing anything if some rows cannot be served
             if self._state(p) == "dead":
-                self.repair.check(table, ids[where])
-        for p, where in parts:
-            self._write_node(p, table, kind, ids[where], values[where])
+                for table, ids, _ in ps:
+                    self.repair.check(table, ids)
+        writes = {p: [(table, batch[table][0], ids, batch[table][2][where]) for table, ids, where in ps]
+                  for p, ps in parts.items()}
+        done = self._fan_out({p: self._write_request(w) for p, w in writes.items()})
+        for p, w in writes.items():
+            if p in done:
+                self._log[p].append((done[p], w))
+            else:
+                self._write_node(p, w)
 
-    def _write_node(self, p, table, kind, ids, values):
+    @staticmethod
+    def _write_request(writes):
+        header = {"op": "write", "parts": [[table, kind] for table, kind, _, _ in writes]}
+        return header, [a for _, _, ids, values in writes for a in (ids, values)]
+
+    def _write_node(self, p, writes):
+        """Write [(table, kind, ids, values)] to node p, failing over, decoding or rebuilding as needed."""
         while True:
             if self._state(p) == "dead":
-                return self.repair.write(table, kind, ids, values)
+                for table, kind, ids, values in writes:
+                    self.repair.write(table, kind, ids, values)
+                return
             try:
-                reply = self._call(p, {"op": kind, "table": table}, [ids, values])[0]
-                self._log[p].append((reply["seq"], table, kind, ids, values))
+                reply = self._call(p, *self._write_request(writes))[0]
+                self._log[p].append((reply["seq"], writes))
                 return
             except NodeDown:
                 self._lost(p)
             except NotRebuilt as exc:
-                self.repair.rebuild_rows(p, table, exc.ids)
+                self.repair.rebuild_rows(p, exc.table, exc.ids)
+
+    def _parts(self, ids_by_table: dict) -> dict:
+        """{node: [(table, ids, indices into that table's ids)]}."""
+        parts: dict[int, list] = {}
+        for table, ids in ids_by_table.items():
+            for p, where in self._by_node(self._table(table)[1], ids):
+                parts.setdefault(p, []).append((table, ids[where], where))
+        return parts
+
+    def _fan_out(self, requests: dict) -> dict:
+        """Send {node: (header, arrays)} to all live nodes at once; {node: result} of those that
+        answered plainly ("write": its seq, else its arrays). The others are left to the slow path."""
+        pending, done = {}, {}
+        for p, (header, arrays) in requests.items():
+            if self._state(p) != "dead":
+                try:
+                    pending[p] = self.cluster.channel(p).start(header, arrays)
+                except NodeDown:
+                    pass
+        for p, request in pending.items():
+            try:
+                reply, out = self._check_reply(p, *request.wait(DEADLINE))
+            except (NodeDown, NotRebuilt):
+                continue
+            done[p] = reply["seq"] if "seq" in reply else out
+        return done
 
     # -- iteration boundary ----------------------------------------------
     def step(self) -> None:
@@ -160,11 +214,17 @@ class Client:
         deadline = time.monotonic() + timeout
         for p in self._positions():
             self._try(p, {"op": "step"})
-        while any(self._log[p] for p in self._positions()):
+        self.settle(deadline)
+
+    def settle(self, deadline: float) -> None:
+        """Wait until no node has deltas in flight to a live node."""
+        while True:
+            busy = [p for p in self._positions() if (self._try(p, {"op": "sync"}) or ({"unacked": 0},))[0]["unacked"]]
+            if not busy:
+                return
             if time.monotonic() > deadline:
-                raise Error(f"flush: parity still lags after {timeout} s")
-            for p in self._positions():
-                self._try(p, {"op": "status"})
+                raise Error(f"parity deltas of nodes {busy} are still unacknowledged")
+            time.sleep(0.002)
 
     def status(self) -> dict:
         """Nodes with their roles and health, parity lag, dirty rows and recovery progress."""
@@ -242,7 +302,9 @@ class Client:
         self._state(p)
 
     def _call(self, p, header, arrays):
-        reply, out = self.cluster.channel(p).call(header, arrays, DEADLINE)
+        return self._check_reply(p, *self.cluster.channel(p).call(header, arrays, DEADLINE))
+
+    def _check_reply(self, p, reply, out):
         error = reply.get("error")
         if error == "not_rebuilt":
             raise NotRebuilt(reply["table"], out[0])
@@ -267,15 +329,31 @@ class Client:
         if not self.cluster.claim_failover(source):
             self._sources[p] = self.cluster.source(p)
             return
-        others = [q for q in range(self.nodes) if q != p and self.cluster.state(q) != "dead"]
-        applied = [self._call(q, {"op": "applied", "source": source}, [])[0]["upto"] for q in others]
-        upto = max(applied, default=0)
-        pending = [entry for entry in self._log[p] if entry[0] > upto]
+        uptos = np.full(self.nodes, -1, dtype=np.int64)  # per survivor: last write of the dead node it holds
+        for q in range(self.nodes):
+            if q != p and self.cluster.state(q) != "dead":
+                uptos[q] = self._call(q, {"op": "applied", "source": source}, [])[0]["upto"]
+        pending = [(seq, self._unapplied(seq, writes, uptos)) for seq, writes in self._log[p]]
         self._log[p].clear()
         if self.cluster.state(p) == "dead" and self.cluster.replace(p):
             self._refresh_tables()
             for spec, _ in self._tables.values():
                 self._call(p, {"op": "create_table", "spec": spec.get_config()}, [])
         self._sources[p] = self.cluster.source(p)
-        for _, table, kind, ids, values in pending:
-            self._write_node(p, table, kind, ids, values)
+        for _, writes in pending:
+            if writes:
+                self._write_node(p, writes)
+
+    def _unapplied(self, seq, writes, uptos):
+        """The rows of a logged write whose parity does not hold it yet, judged by each stripe's
+        parity holders (deltas travel asynchronously, so holders may differ)."""
+        out = []
+        for table, kind, ids, values in writes:
+            layout = self._table(table)[1]
+            stripes = layout.stripe(ids)
+            held = np.max([uptos[layout.parity_node(stripes, j)] for j in range(layout.r)], axis=0) \
+                if layout.r else np.full(ids.size, -1)
+            todo = held < seq
+            if todo.any():
+                out.append((table, kind, ids[todo], values[todo]))
+        return out

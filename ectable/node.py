@@ -144,25 +144,46 @@ class Node:
         ids = self._ids(shard, ids)
         return {}, [shard.read(ids, committed=bool(header.get("committed")), records=bool(header.get("records")))]
 
-    def _write(self, header, arrays, what):
-        shard = self._shard(header)
-        ids, values = self._arrays(arrays, 2)
-        ids = self._ids(shard, ids)
-        validate.unique(shard.spec.name, ids)
-        values = validate.rows(shard.spec.name, values, ids.size, shard.dim, what)
+    def op_get_many(self, header, arrays):
+        """Rows of several tables: header "tables", one ids array per table."""
+        tables = header.get("tables")
+        if not isinstance(tables, list):
+            raise InvalidRequest("get_many needs a list of tables")
+        self._arrays(arrays, len(tables))
+        work = [(self._shard({"table": t}), ids) for t, ids in zip(tables, arrays)]
+        work = [(shard, self._ids(shard, ids)) for shard, ids in work]
+        return {}, [shard.read(ids) for shard, ids in work]
+
+    def op_write(self, header, arrays):
+        """Writes to several tables as one request: header "parts" = [[table, "put" | "apply_gradient"], ...],
+        arrays (ids, values) per part. Everything is checked before anything changes."""
+        parts = header.get("parts")
+        if not isinstance(parts, list) or not all(isinstance(x, list) and len(x) == 2 for x in parts):
+            raise InvalidRequest("write needs parts [[table, kind], ...]")
+        self._arrays(arrays, 2 * len(parts))
+        work = []
+        for n, (table, kind) in enumerate(parts):
+            shard = self._shard({"table": table})
+            if kind not in ("put", "apply_gradient"):
+                raise InvalidRequest(f"table {table!r}: unknown write {kind!r}")
+            ids = self._ids(shard, arrays[2 * n])
+            validate.unique(shard.spec.name, ids)
+            values = validate.rows(shard.spec.name, arrays[2 * n + 1], ids.size, shard.dim,
+                                   "rows" if kind == "put" else "gradients")
+            shard.local(ids)  # not on this node, or not rebuilt yet: refuse before any change
+            work.append((shard.put if kind == "put" else shard.apply_gradient, ids, values))
         if self.write_seq == self.closed_upto:
             self.window_opened = self.clock()  # the window's age counts from its first write
-        (shard.put if what == "rows" else shard.apply_gradient)(ids, values)
+        for apply, ids, values in work:
+            apply(ids, values)
         self.write_seq += 1
         seq = self.write_seq
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
         return {"seq": seq}, []
 
-    def op_put(self, header, arrays):
-        return self._write(header, arrays, "rows")
-
-    def op_apply_gradient(self, header, arrays):
-        return self._write(header, arrays, "gradients")
+    def op_sync(self, header, arrays):
+        """How many of this node's deltas still wait for an acknowledgement."""
+        return {"unacked": len(self.unacked)}, []
 
     def op_step(self, header, arrays):
         self.close_window()

@@ -6,6 +6,7 @@ which are exactly what the parity holds, so every decode reads a consistent cut.
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 
@@ -52,6 +53,7 @@ class Repair:
         nbytes = spec.width * 4
         slots = np.arange(width)
         nodes, virtual, have = self._survivors(table, stripes)
+        self.client.settle(time.monotonic() + 30)  # a consistent cut: parity holds every closed window
         chosen = have & (np.cumsum(have, axis=1) <= k)
         blocks = np.zeros((stripes.size, width, nbytes), dtype=np.uint8)
         read = chosen & ~virtual
@@ -128,4 +130,7 @@ class Repair:
                 slot = layout.slot_on(position, stripes)
                 rows = np.ascontiguousarray(blocks[np.arange(stripes.size), slot])
                 self.client._call(position, {"op": "restore", "table": table, "kind": "parity"}, [stripes, rows])
-        return self.client._call(position, {"op": "status"}, [])[0]["status"]["rebuild_missing"]
+        left = self.client._call(position, {"op": "status"}, [])[0]["status"]["rebuild_missing"]
+        if left == 0:
+            self.client.cluster.rebuilt(position)
+        return left

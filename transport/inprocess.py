@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import NodeDown
-from .base import Channel
+from .base import Channel, Done
 
 
 class InProcessChannel(Channel):
@@ -13,11 +13,11 @@ class InProcessChannel(Channel):
     def __init__(self, resolve: Callable, after: Callable | None = None):
         self._resolve, self._after = resolve, after
 
-    def call(self, header, arrays, timeout):
+    def start(self, header, arrays):
         node = self._resolve()
         if node is None:
             raise NodeDown(f"node for {header.get('op')!r} is down")
         reply = node.handle(header, arrays)
         if self._after is not None:
             self._after(node)
-        return reply
+        return Done(reply)

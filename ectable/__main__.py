@@ -1,0 +1,123 @@
+"""The `ectable` command: node, up, status, keygen."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from . import config as cluster_config
+
+
+def cmd_node(args) -> None:
+    from .server import run
+    data = cluster_config.load(args.config) if args.config else {}
+    curve = data.get("security")
+    map_header, bind = None, args.bind
+    if args.id is not None:
+        if "nodes" not in data:
+            sys.exit("ectable node --id needs --config with [cluster] and [nodes]")
+        endpoints = data["nodes"]["endpoints"]
+        bind = bind or endpoints[args.id]
+        map_header = {"op": "map", "position": args.id, "config": data["cluster"], "endpoints": endpoints, "dead": []}
+    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header)
+
+
+def cmd_up(args) -> None:
+    from .cluster import ProcessCluster
+    curve = cluster_config.load(args.keys)["security"] if args.keys else None
+    cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, curve=curve)
+    data = {"cluster": cluster.config.get_config(), "nodes": {"endpoints": cluster.endpoints}}
+    if curve:
+        data["security"] = curve
+    with open(args.config, "w") as f:
+        f.write(cluster_config.dumps(data))
+    print(f"ectable: {args.nodes} nodes ({args.code}, k={args.k}, r={cluster.config.r}) and {args.spares} spares are up; "
+          f"wrote {args.config}. Ctrl-C stops them.", flush=True)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        while not stop:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    cluster.close()
+
+
+def cmd_status(args) -> None:
+    from .cluster import RemoteCluster
+    cluster = RemoteCluster(args.config)
+    try:
+        while True:
+            print(render(cluster.connect().status()), flush=True)
+            if not args.watch:
+                return
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.close()
+
+
+def render(status: dict) -> str:
+    """A readable table of a client's `status()`."""
+    code = status["code"]
+    head = (f"code {code['id']}(k={code['k']}, r={code['r']})  tables {len(status['tables'])}  spares {status['spares']}  "
+            f"dirty rows {status['dirty_rows']}  parity lag {status['parity_lag_writes']} writes  "
+            f"degraded {status['degraded'] or '-'}")
+    cols = ["node", "role", "health", "data rows", "parity rows", "dirty", "unacked", "rebuild left", "rejected", "endpoint"]
+    rows = [[n.get("position"), n.get("role"), n.get("health"), n.get("data_rows", "-"), n.get("parity_rows", "-"),
+             n.get("dirty_rows", "-"), n.get("unacked_deltas", "-"), n.get("rebuild_missing", "-"),
+             n.get("rejected", 0) + n.get("malformed", 0) if "rejected" in n else "-", n.get("endpoint", "")]
+            for n in status["nodes"]]
+    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
+    lines = [head, "  ".join(str(c).ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_keygen(args) -> None:
+    import zmq
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    data = {"security": {"server_public": server_public.decode(), "server_secret": server_secret.decode(),
+                         "client_public": client_public.decode(), "client_secret": client_secret.decode(),
+                         "allowed": [client_public.decode()]}}
+    fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(cluster_config.dumps(data))
+    print(f"wrote CURVE keys to {args.out} (keep it secret); pass it to `ectable up --keys`")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="ectable", description="erasure-coded embedding-table storage")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("node", help="run one storage node")
+    p.add_argument("--config", help="cluster TOML (endpoints, code, keys)")
+    p.add_argument("--id", type=int, help="this node's position in [nodes] endpoints")
+    p.add_argument("--bind", help="endpoint to listen on (default: from the config, else tcp://127.0.0.1:0)")
+    p.add_argument("--parent", type=int, help="exit when this process dies")
+    p.set_defaults(fn=cmd_node)
+    p = sub.add_parser("up", help="start a local cluster and write its TOML")
+    p.add_argument("--nodes", type=int, default=5)
+    p.add_argument("--code", default="xor", choices=["none", "xor", "rs"])
+    p.add_argument("-k", type=int, default=4)
+    p.add_argument("-r", type=int, default=None)
+    p.add_argument("--spares", type=int, default=1)
+    p.add_argument("--config", default="cluster.toml", help="where to write the cluster TOML")
+    p.add_argument("--keys", help="CURVE keys from `ectable keygen`")
+    p.set_defaults(fn=cmd_up)
+    p = sub.add_parser("status", help="print the nodes of a cluster")
+    p.add_argument("--config", default="cluster.toml")
+    p.add_argument("--watch", type=float, nargs="?", const=1.0, default=0.0, help="repeat every N seconds")
+    p.set_defaults(fn=cmd_status)
+    p = sub.add_parser("keygen", help="make CURVE keys for a cluster")
+    p.add_argument("--out", default="keys.toml")
+    p.set_defaults(fn=cmd_keygen)
+    args = parser.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""A node process: serves one Node over a ZeroMQ ROUTER socket and carries its deltas to peers.
+
+One thread does everything (the node's logic is not thread-safe): it answers requests,
+sends each outgoing delta to its target's DEALER socket and resends it until the target
+acknowledges it, so delivery is asynchronous and exactly once (the receiver dedups).
+A node starts without a position; the cluster's `map` message gives it one (or, for a
+spare, later), the endpoints of its peers and the positions that are dead.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+
+import zmq
+
+from .node import ClusterConfig, Node
+from .transport import codec
+from .transport.zeromq import make_socket
+
+RESEND = 0.5  # seconds before an unacknowledged delta is sent again
+TICK = 0.02
+
+
+class NodeServer:
+    """The process side of a node: sockets, delta delivery, and the control ops `map` and `sync`."""
+
+    def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None):
+        self.context = zmq.Context()
+        self.curve, self.parent = curve, parent
+        self.auth = None
+        if curve:
+            from zmq.auth.thread import ThreadAuthenticator
+            self.auth = ThreadAuthenticator(self.context)
+            self.auth.start()
+            self.auth.configure_curve_callback("*", credentials_provider=_Allowed(curve.get("allowed", [])))
+        self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
+        if bind.endswith(":0"):
+            port = self.router.bind_to_random_port(bind.rsplit(":", 1)[0])
+            self.endpoint = f"{bind.rsplit(':', 1)[0]}:{port}"
+        else:
+            self.router.bind(bind)
+            self.endpoint = bind
+        self.node: Node | None = None
+        self.endpoints: list[str] = []
+        self.dead: set[int] = set()
+        self.peers: dict[int, zmq.Socket] = {}
+        self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
+        self.malformed = 0
+        self.running = True
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+
+    # -- control ---------------------------------------------------------
+    def control(self, header: dict, arrays: list) -> tuple[dict, list] | None:
+        op = header.get("op")
+        if op == "map":
+            return self.apply_map(header), []
+        if op == "ping":
+            return {"position": None if self.node is None else self.node.position}, []
+        if op == "shutdown":
+            self.running = False
+            return {}, []
+        if self.node is None:
+            return {"error": "invalid", "message": "this node has no position yet (a spare)"}, []
+        return None
+
+    def apply_map(self, header: dict) -> dict:
+        """Take a position (once), learn peers' endpoints and which positions are dead."""
+        endpoints, dead = header.get("endpoints"), header.get("dead", [])
+        if not (isinstance(endpoints, list) and all(isinstance(e, str) for e in endpoints)
+                and isinstance(dead, list) and all(isinstance(d, int) for d in dead)):
+            return {"error": "invalid", "message": "map needs endpoints (strings) and dead (positions)"}
+        if self.node is None and header.get("position") is not None:
+            try:
+                config = ClusterConfig(**header["config"])
+                position = int(header["position"])
+                if not 0 <= position < config.nodes or len(endpoints) != config.nodes:
+                    raise ValueError("position or endpoints do not fit the cluster")
+            except (TypeError, ValueError, KeyError) as exc:
+                return {"error": "invalid", "message": f"bad map: {exc}"}
+            self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")))
+            self.node.source = f"node/{position}/{os.getpid()}/{secrets.token_hex(4)}"
+        if self.node is None:
+            return {"source": None}
+        for target, endpoint in enumerate(endpoints):
+            if target < len(self.endpoints) and self.endpoints[target] != endpoint and target != self.node.position:
+                self._drop_peer(target)
+                self.node.peer_replaced(target)
+        self.endpoints = endpoints
+        self.dead = set(dead)
+        for target in self.dead:
+            self._drop_peer(target)
+        return {"source": self.node.source}
+
+    def _drop_peer(self, target: int) -> None:
+        """Deltas to `target` are moot (it died, or a replacement rebuilds its parity from data)."""
+        for key in [key for key in self.inflight if key[0] == target]:
+            del self.inflight[key]
+            self.node.acked(*key)
+        sock = self.peers.pop(target, None)
+        if sock is not None:
+            self.poller.unregister(sock)
+            sock.close(0)
+
+    # -- the loop --------------------------------------------------------
+    def serve(self) -> None:
+        last_resend = time.monotonic()
+        while self.running:
+            events = dict(self.poller.poll(int(TICK * 1000)))
+            if self.router in events:
+                for _ in range(64):  # a burst at most, then the peers get a turn
+                    try:
+                        frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self.answer(frames)
+            for target, sock in list(self.peers.items()):
+                if sock in events:
+                    self.read_acks(target, sock)
+            self.send_outbox()
+            if time.monotonic() - last_resend > RESEND / 2:
+                self.resend()
+                last_resend = time.monotonic()
+            if self.parent and os.getppid() != self.parent:
+                break  # the process that started us is gone: never outlive it
+        self.close()
+
+    def answer(self, frames) -> None:
+        identity, body = frames[0], frames[1:]
+        try:
+            header, arrays = codec.decode(body)
+        except codec.Malformed as exc:
+            self.malformed += 1
+            self._reply(identity, {"error": "malformed", "message": str(exc)}, [])
+            return
+        rid = header.get("id")
+        reply = self.control(header, arrays)
+        if reply is None:
+            reply = self.node.handle(header, arrays)
+        out_header, out_arrays = reply
+        if header.get("op") == "status" and "status" in out_header:
+            out_header["status"]["malformed"] = self.malformed
+            out_header["status"]["endpoint"] = self.endpoint
+        try:
+            self._reply(identity, {**out_header, "id": rid}, out_arrays)
+        except TypeError:
+            self._reply(identity, {"error": "internal", "message": "reply not encodable", "id": rid}, [])
+
+    def _reply(self, identity, header, arrays) -> None:
+        try:
+            self.router.send_multipart([identity, *codec.encode(header, arrays)], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            pass  # the asker is gone or not reading: drop the reply (ROUTER_MANDATORY said so)
+
+    def send_outbox(self) -> None:
+        if self.node is None:
+            return
+        for target, header, arrays in self.node.take_outbox():
+            if target in self.dead:
+                self.node.acked(target, header["seq"])
+                continue
+            frames = codec.encode(header, arrays)
+            self.inflight[(target, header["seq"])] = (frames, 0.0)
+            self._send(target, header["seq"])
+
+    def _peer(self, target: int) -> zmq.Socket:
+        sock = self.peers.get(target)
+        if sock is None:
+            sock = make_socket(self.context, zmq.DEALER, self.curve)
+            sock.connect(self.endpoints[target])
+            self.peers[target] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _send(self, target, seq) -> None:
+        frames, _ = self.inflight[(target, seq)]
+        try:
+            self._peer(target).send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            pass  # not connected yet: resent later
+        self.inflight[(target, seq)] = (frames, time.monotonic())
+
+    def resend(self) -> None:
+        now = time.monotonic()
+        for (target, seq), (_, sent) in list(self.inflight.items()):
+            if now - sent > RESEND:
+                self._send(target, seq)
+
+    def read_acks(self, target, sock) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                header, _ = codec.decode(frames)
+            except codec.Malformed:
+                continue
+            seq = header.get("ack")
+            if isinstance(seq, int) and self.inflight.pop((target, seq), None) is not None:
+                self.node.acked(target, seq)
+
+    def close(self) -> None:
+        for sock in self.peers.values():
+            sock.close(0)
+        self.router.close(0)
+        if self.auth is not None:
+            self.auth.stop()
+        self.context.term()
+
+
+class _Allowed:
+    """CURVE credentials: only the listed client public keys may connect."""
+
+    def __init__(self, keys):
+        self.keys = {k.encode() if isinstance(k, str) else k for k in keys}
+
+    def callback(self, domain, key):
+        from zmq.utils import z85
+        return z85.encode(key) in self.keys or key in self.keys
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
+def run(bind: str, curve: dict | None = None, parent: int | None = None, map_header: dict | None = None) -> None:
+    """Serve until told to shut down; prints `READY <endpoint>` once listening."""
+    if parent:
+        _die_with_parent(parent)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server = NodeServer(bind, curve, parent)
+    if map_header is not None:
+        server.apply_map(map_header)
+    print(f"READY {server.endpoint}", flush=True)
+    server.serve()

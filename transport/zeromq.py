@@ -1,0 +1,101 @@
+"""The ZeroMQ transport: a DEALER per node on the client side, frames as in `codec`."""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable
+
+import zmq
+
+from ..errors import NodeDown
+from . import codec
+from .base import Channel, Pending
+
+POLL = 0.05  # seconds between liveness checks while waiting
+HWM = 1000
+
+
+def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, server: bool = False) -> zmq.Socket:
+    """A socket with ectable's options: LINGER 0, bounded queues, CURVE when keys are given."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, HWM)
+    sock.setsockopt(zmq.RCVHWM, HWM)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if kind == zmq.DEALER:
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a peer that is not connected
+    if curve:
+        if server:
+            sock.curve_server = True
+            sock.curve_secretkey = curve["server_secret"].encode()
+            sock.curve_publickey = curve["server_public"].encode()
+        else:
+            sock.curve_serverkey = curve["server_public"].encode()
+            sock.curve_secretkey = curve["client_secret"].encode()
+            sock.curve_publickey = curve["client_public"].encode()
+    return sock
+
+
+class ZmqChannel(Channel):
+    """Requests to the node at `endpoint`; `alive()` (optional) lets a wait end early when the node died."""
+
+    def __init__(self, endpoint: str, context: zmq.Context, curve: dict | None = None, alive: Callable | None = None):
+        self.endpoint, self._context, self._curve, self._alive = endpoint, context, curve, alive
+        self._ids = itertools.count(1)
+        self._replies: dict[int, tuple] = {}
+        self._sock = None
+
+    def _socket(self):
+        if self._sock is None:
+            self._sock = make_socket(self._context, zmq.DEALER, self._curve)
+            self._sock.connect(self.endpoint)
+        return self._sock
+
+    def start(self, header, arrays):
+        rid = next(self._ids)
+        frames = codec.encode({**header, "id": rid}, arrays)
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return _ZmqPending(self, rid)
+            except zmq.Again:  # not connected (yet): IMMEDIATE refuses to queue
+                if time.monotonic() > deadline or (self._alive and not self._alive()):
+                    self._reset()
+                    raise NodeDown(f"{self.endpoint} does not accept requests") from None
+                time.sleep(0.005)
+
+    def _wait(self, rid, timeout):
+        deadline = time.monotonic() + timeout
+        while rid not in self._replies:
+            left = deadline - time.monotonic()
+            if left <= 0 or (self._alive and not self._alive()):
+                self._reset()
+                raise NodeDown(f"{self.endpoint} did not answer within {timeout} s")
+            sock = self._socket()
+            if sock.poll(int(min(left, POLL) * 1000)):
+                try:
+                    header, arrays = codec.decode(sock.recv_multipart(copy=False))
+                except codec.Malformed:
+                    continue
+                self._replies[header.get("id")] = (header, arrays)
+        return self._replies.pop(rid)
+
+    def _reset(self):
+        """Forget the socket: late replies of a dead or slow node must not be read as new ones."""
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        self._replies.clear()
+
+    def close(self):
+        self._reset()
+
+
+class _ZmqPending(Pending):
+    def __init__(self, channel, rid):
+        self.channel, self.rid = channel, rid
+
+    def wait(self, timeout):
+        return self.channel._wait(self.rid, timeout)
