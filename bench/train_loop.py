@@ -2,7 +2,7 @@
 
 Runs code="none", xor(4,1) and rs(4,2) on the same 6 nodes, and in-process numpy
 gather/scatter of the same rows (the floor), all in one run; prints rows/s and ratios.
-Nodes run in process for now (`processes=False`); the ZeroMQ transport brings processes.
+Nodes are processes on loopback (ZeroMQ) unless `--in-process`.
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def numpy_floor(rows: int, work) -> float:
     return time.perf_counter() - start
 
 
-def cluster_loop(rows: int, work, code: str, k: int, r: int) -> float:
-    with ectable.LocalCluster(nodes=6, code=code, k=k, r=r, processes=False) as cluster:
+def cluster_loop(rows: int, work, code: str, k: int, r: int, processes: bool) -> float:
+    with ectable.LocalCluster(nodes=6, code=code, k=k, r=r, processes=processes) as cluster:
         client = cluster.connect()
         client.create_table("t", num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", init="zeros")
         start = 0.0
@@ -62,6 +62,7 @@ def main():
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--batch", type=int, default=20_000, help="ids per batch (before dedup)")
+    parser.add_argument("--in-process", action="store_true", help="nodes inside this process")
     args = parser.parse_args()
     ids = batches(args.rows, args.iters, args.batch)
     rng = np.random.default_rng(1)
@@ -70,11 +71,12 @@ def main():
     total = sum(i.size for i in ids[WARMUP:])
     results = {"numpy": numpy_floor(args.rows, work)}
     for code, k, r in [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2)]:
-        results[f"{code}({k},{r})" if r else "none"] = cluster_loop(args.rows, work, code, k, r)
+        results[f"{code}({k},{r})" if r else "none"] = cluster_loop(args.rows, work, code, k, r, not args.in_process)
     out = [[name, round(total / secs), round(results["none"] / secs, 3), round(results["numpy"] / secs, 3)]
            for name, secs in results.items()]
-    print(f"{args.iters} batches of {args.batch} ids ({unique:.0f} unique on average), {args.rows} rows, dim {DIM}")
-    report("train_loop", ["store", "ids/s", "vs none", "vs numpy"], out, {"unique_per_batch": unique})
+    mode = "in process" if args.in_process else "node processes over ZeroMQ"
+    print(f"{args.iters} batches of {args.batch} ids ({unique:.0f} unique on average), {args.rows} rows, dim {DIM}, {mode}")
+    report("train_loop_inprocess" if args.in_process else "train_loop", ["store", "ids/s", "vs none", "vs numpy"], out, {"unique_per_batch": unique})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """ectable: erasure-coded, fault-tolerant storage for the embedding tables of recommendation models."""
+from . import config
 from .client import Client
 from .cluster import LocalCluster, connect
 from .errors import Error, InvalidRequest, NodeDown, Unavailable

@@ -333,8 +333,10 @@ class Client:
         for q in range(self.nodes):
             if q != p and self.cluster.state(q) != "dead":
                 uptos[q] = self._call(q, {"op": "applied", "source": source}, [])[0]["upto"]
-        pending = [(seq, self._unapplied(seq, writes, uptos)) for seq, writes in self._log[p]]
+        log = list(self._log[p])
         self._log[p].clear()
+        self._invalidate_laggards(log, uptos)
+        pending = [(seq, self._unapplied(seq, writes, uptos)) for seq, writes in log]
         if self.cluster.state(p) == "dead" and self.cluster.replace(p):
             self._refresh_tables()
             for spec, _ in self._tables.values():
@@ -343,6 +345,27 @@ class Client:
         for _, writes in pending:
             if writes:
                 self._write_node(p, writes)
+
+    def _invalidate_laggards(self, log, uptos):
+        """Deltas travel asynchronously, so a dead node's last windows may have reached some parity
+        holders of a stripe and not others. Stripes whose holders disagree are decoded from the most
+        advanced holder; the parity rows of the others are marked stale and rebuilt from data."""
+        stale: dict[tuple[int, str], list] = {}
+        for seq, writes in log:
+            for table, _, ids, _ in writes:
+                layout = self._table(table)[1]
+                stripes = layout.stripe(ids)
+                holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)]) if layout.r else None
+                if holders is None:
+                    continue
+                held = uptos[holders]
+                newest = held.max(axis=0)
+                behind = (held >= 0) & (held < seq) & (seq <= newest)
+                for j, row in zip(*np.nonzero(behind)):
+                    stale.setdefault((int(holders[j, row]), table), []).append(int(stripes[row]))
+        for (q, table), stripes in stale.items():
+            self._call(q, {"op": "invalidate", "table": table}, [np.unique(np.array(stripes, dtype=np.int64))])
+            self.cluster.mark_rebuilding(q)
 
     def _unapplied(self, seq, writes, uptos):
         """The rows of a logged write whose parity does not hold it yet, judged by each stripe's

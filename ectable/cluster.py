@@ -46,6 +46,9 @@ class ClusterMap:
     def rebuilt(self, p: int) -> None:
         """The node at p reported nothing left to rebuild."""
 
+    def mark_rebuilding(self, p: int) -> None:
+        """The node at p was told some of its parity rows are stale and must be rebuilt."""
+
     def __enter__(self):
         return self
 
@@ -189,6 +192,7 @@ class ProcessCluster(LocalCluster):
             self._idle = procs[self.config.nodes:]
             self._dead: set[int] = set()
             self._rebuilding: set[int] = set()
+            self._fenced: list[str] = []
             for p in range(self.config.nodes):
                 self._assign(p, rebuilding=False)
         except BaseException:
@@ -216,7 +220,7 @@ class ProcessCluster(LocalCluster):
 
     def _map(self) -> dict:
         return {"op": "map", "config": self.config.get_config(), "endpoints": [n.endpoint for n in self._active],
-                "dead": sorted(self._dead)}
+                "dead": sorted(self._dead), "fenced": self._fenced}
 
     def _assign(self, p: int, rebuilding: bool) -> None:
         node = self._active[p]
@@ -265,6 +269,7 @@ class ProcessCluster(LocalCluster):
             return
         self._dead.add(p)
         self._rebuilding.discard(p)
+        self._fenced.append(self._active[p].source)
         _stop(self._active[p].proc)
         self._broadcast()
 
@@ -280,6 +285,9 @@ class ProcessCluster(LocalCluster):
 
     def rebuilt(self, p: int) -> None:
         self._rebuilding.discard(p)
+
+    def mark_rebuilding(self, p: int) -> None:
+        self._rebuilding.add(p)
 
     # -- processes ---------------------------------------------------------
     def kill(self, i: int) -> None:

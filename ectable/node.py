@@ -248,6 +248,15 @@ class Node:
         self._settle()
         return {}, []
 
+    def op_invalidate(self, header, arrays):
+        """Mark parity rows of `stripes` stale: they are skipped by deltas and rebuilt from data."""
+        shard = self._shard(header)
+        (stripes,) = self._arrays(arrays, 1)
+        stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
+        shard.invalidate(stripes)
+        self.rebuilding = True
+        return {}, []
+
     def op_missing(self, header, arrays):
         """Ids and stripes still to rebuild, at most `limit` of each, per table."""
         limit = int(header.get("limit", 1 << 16))

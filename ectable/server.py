@@ -46,6 +46,7 @@ class NodeServer:
         self.node: Node | None = None
         self.endpoints: list[str] = []
         self.dead: set[int] = set()
+        self.fenced: set[str] = set()  # sources of dead nodes: their late deltas are refused
         self.peers: dict[int, zmq.Socket] = {}
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
         self.malformed = 0
@@ -91,6 +92,7 @@ class NodeServer:
                 self.node.peer_replaced(target)
         self.endpoints = endpoints
         self.dead = set(dead)
+        self.fenced |= {f for f in header.get("fenced", []) if isinstance(f, str)}
         for target in self.dead:
             self._drop_peer(target)
         return {"source": self.node.source}
@@ -138,6 +140,8 @@ class NodeServer:
             return
         rid = header.get("id")
         reply = self.control(header, arrays)
+        if reply is None and header.get("op") == "delta" and header.get("source") in self.fenced:
+            reply = {"error": "fenced", "message": "deltas of a node declared dead are refused"}, []
         if reply is None:
             reply = self.node.handle(header, arrays)
         out_header, out_arrays = reply

@@ -146,6 +146,14 @@ class Shard:
         self.missing_parity[local[todo]] = False
         self._settle()
 
+    def invalidate(self, stripes) -> None:
+        """Parity rows of `stripes` no longer hold their data: rebuild them before use."""
+        _, local = self.parity_slots(stripes)
+        if self.missing_data is None:
+            self.missing_data = np.zeros(self.records.shape[0], dtype=bool)
+            self.missing_parity = np.zeros(self.parity.shape[0], dtype=bool)
+        self.missing_parity[local] = True
+
     def missing(self, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """Up to `limit` data row ids and parity stripes still to rebuild."""
         data = np.flatnonzero(self.missing_data)[:limit]

@@ -1,0 +1,221 @@
+"""Real node processes over ZeroMQ on loopback: the same behaviour, plus what only processes have."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import ectable
+from ectable.testing import check_parity, read_records
+from ectable.testing.statemachine import machine_for
+from ectable.transport import ZmqChannel, codec
+
+pytestmark = pytest.mark.timeout(300)
+
+fast = settings(max_examples=8, stateful_step_count=25, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+TestProcessXor = fast(machine_for(code="xor", nodes=5, k=4, r=1, spares=1, processes=True)).TestCase
+TestProcessRS = fast(machine_for(code="rs", nodes=5, k=3, r=2, spares=1, processes=True)).TestCase
+
+
+def gone(pid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            if open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, spares=0) as c:
+        client = c.connect()
+        client.create_table("items", num_rows=5000, dim=16, optimizer="adagrad", lr=0.1)
+        client.create_table("users", num_rows=700, dim=8, optimizer="rowwise_adagrad", lr=0.1, init="normal")
+        yield c, client
+
+
+def test_nodes_are_processes_on_loopback(cluster):
+    c, _ = cluster
+    pids = c.node_pids()
+    assert len(set(pids)) == 5 and os.getpid() not in pids
+    assert all(e.startswith("tcp://127.0.0.1:") for e in c.endpoints)
+
+
+def test_process_cluster_matches_in_process_cluster(cluster):
+    c, client = cluster
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, processes=False) as ref:
+        rc = ref.connect()
+        for t, spec in client.tables().items():
+            rc.create_table(t, spec["num_rows"], spec["dim"], optimizer=spec["optimizer"]["name"],
+                            lr=spec["optimizer"]["lr"], init=spec["init"]["kind"], seed=spec["seed"])
+        rng = np.random.default_rng(5)
+        for _ in range(5):
+            batch = {"items": (rng.zipf(1.2, 300) % 5000, rng.standard_normal((300, 16))),
+                     "users": (rng.integers(0, 700, 50), rng.standard_normal((50, 8)))}
+            for cl in (client, rc):
+                cl.get_many({t: ids for t, (ids, _) in batch.items()})
+                cl.apply_gradient_many(batch)
+                cl.step()
+        client.flush()
+        check_parity(c, client)
+        for t in ("items", "users"):
+            ids = np.arange(client.tables()[t]["num_rows"])
+            np.testing.assert_array_equal(read_records(client, t, ids), read_records(rc, t, ids))
+
+
+def test_flush_waits_for_every_delta(cluster):
+    c, client = cluster
+    client.apply_gradient("items", np.arange(0, 5000, 7), np.ones((715, 16)))
+    client.flush()
+    st = client.status()
+    assert st["unacked_deltas"] == 0 and st["dirty_rows"] == 0 and st["parity_lag_writes"] == 0
+    check_parity(c, client)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(st.binary(max_size=64), min_size=1, max_size=4), header=st.dictionaries(
+    st.sampled_from(["op", "table", "tables", "parts", "arrays", "seq", "source", "id"]),
+    st.one_of(st.integers(-3, 3), st.text(max_size=4), st.lists(st.one_of(st.text(max_size=3), st.lists(st.integers(0, 9), max_size=2)), max_size=3))))
+def test_garbage_frames_never_hurt_a_node(cluster, frames, header):
+    c, client = cluster
+    before = read_records(client, "users", np.arange(700))
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(c.endpoints[1])
+    try:
+        import msgpack
+        sock.send_multipart(frames)
+        sock.send_multipart([msgpack.packb(header), *frames[1:]])
+        for _ in range(2):
+            if sock.poll(2000):
+                sock.recv_multipart()  # an error reply (or nothing)
+    finally:
+        sock.close(0)
+    assert all(c.state(p) == "up" for p in range(5))
+    np.testing.assert_array_equal(read_records(client, "users", np.arange(700)), before)
+
+
+def test_malformed_frames_are_counted(cluster):
+    c, client = cluster
+    ch = ZmqChannel(c.endpoints[2], zmq.Context.instance())
+    sock = ch._socket()
+    sock.send_multipart([b"\xc1garbage", b"x"])
+    assert sock.poll(5000)
+    header, _ = codec.decode(sock.recv_multipart())
+    assert header["error"] == "malformed"
+    ch.close()
+    assert client.status()["nodes"][2]["malformed"] >= 1
+
+
+def test_deltas_apply_exactly_once_over_the_wire(cluster):
+    c, client = cluster
+    client.flush()
+    layout = client._table("users")[1]
+    target = int(layout.parity_node(np.array([3]), 0)[0])
+    ids = np.array([9])  # stripe 3, position 0
+    delta = np.random.default_rng(0).integers(0, 256, (1, 9 * 4), dtype=np.uint8)
+    ch = ZmqChannel(c.endpoints[target], zmq.Context.instance())
+    for seq in (1, 1, 1, 2):  # seq 1 three times (applied once), then the same bytes as seq 2: they cancel
+        reply, _ = ch.call({"op": "delta", "source": "test/exactly-once", "seq": seq, "upto": 0, "tables": ["users"]},
+                           [ids, delta], 10)
+        assert reply["ack"] == seq
+    ch.close()
+    check_parity(c, client)
+
+
+def test_concurrent_client_processes(tmp_path):
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=4000, dim=8, optimizer="sgd", lr=0.5, init="zeros")
+        toml = tmp_path / "cluster.toml"
+        toml.write_text(ectable.config.dumps({"cluster": c.config.get_config(), "nodes": {"endpoints": c.endpoints}}))
+        script = ("import sys, numpy as np, ectable\n"
+                  "cl = ectable.connect(sys.argv[1]); w = int(sys.argv[2])\n"
+                  "for s in range(20):\n"
+                  "    ids = np.arange(w, 4000, 4)\n"
+                  "    cl.apply_gradient('t', ids, np.full((ids.size, 8), 1.0 + s))\n"
+                  "    cl.step()\n"
+                  "cl.flush()\n")
+        procs = [subprocess.Popen([sys.executable, "-c", script, str(toml), str(w)]) for w in range(4)]
+        assert [p.wait(120) for p in procs] == [0] * 4
+        client.flush()
+        expect = np.float32(0)
+        for s in range(20):
+            expect = expect - np.float32(0.5) * np.float32(1.0 + s)
+        np.testing.assert_array_equal(client.get("t", np.arange(4000)), np.full((4000, 8), expect, dtype=np.float32))
+        check_parity(c, client)
+
+
+def test_close_stops_every_process_and_frees_ports():
+    c = ectable.LocalCluster(nodes=4, code="xor", k=3, r=1, spares=1)
+    pids, endpoints = c.node_pids(), c.endpoints
+    c.close()
+    assert all(gone(pid) for pid in pids)
+    ctx = zmq.Context.instance()
+    for e in endpoints:
+        s = ctx.socket(zmq.ROUTER)
+        s.bind(e)  # the port is free again
+        s.close(0)
+
+
+def test_nodes_die_with_the_process_that_started_them():
+    script = ("import ectable, time\n"
+              "c = ectable.LocalCluster(nodes=4, code='xor', k=3, r=1)\n"
+              "print(' '.join(map(str, c.node_pids())), flush=True)\n"
+              "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids = [int(x) for x in proc.stdout.readline().split()]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert len(pids) == 4 and all(gone(pid) for pid in pids)
+
+
+def test_curve_refuses_unauthenticated_clients(tmp_path):
+    keys = tmp_path / "keys.toml"
+    subprocess.run([sys.executable, "-m", "ectable", "keygen", "--out", str(keys)], check=True)
+    curve = ectable.config.load(str(keys))["security"]
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, r=1, curve=curve) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=10, dim=2, init="zeros")
+        client.put("t", [1], np.ones((1, 2)))
+        np.testing.assert_array_equal(client.get("t", [1]), np.ones((1, 2)))
+        plain = ZmqChannel(c.endpoints[0], zmq.Context.instance())
+        with pytest.raises(ectable.NodeDown):
+            plain.call({"op": "get", "table": "t"}, [np.array([1])], 2.0)
+        plain.close()
+        other_public, other_secret = zmq.curve_keypair()
+        stranger = ZmqChannel(c.endpoints[0], zmq.Context.instance(),
+                              {**curve, "client_public": other_public.decode(), "client_secret": other_secret.decode()})
+        with pytest.raises(ectable.NodeDown):
+            stranger.call({"op": "status"}, [], 2.0)
+        stranger.close()
+
+
+def test_up_and_status_from_the_shell(tmp_path):
+    toml = tmp_path / "c.toml"
+    up = subprocess.Popen([sys.executable, "-m", "ectable", "up", "--nodes", "5", "--code", "xor", "-k", "4",
+                           "--spares", "1", "--config", str(toml)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = up.stdout.readline()
+        assert "are up" in line and toml.exists()
+        out = subprocess.run([sys.executable, "-m", "ectable", "status", "--config", str(toml)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.strip().splitlines()
+        assert lines[0].startswith("code xor(k=4, r=1)") and len(lines) == 2 + 5
+        assert all(" active " in l and " up " in l for l in lines[2:])
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(30)
