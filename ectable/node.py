@@ -46,19 +46,13 @@ class ClusterConfig:
 
 
 class _Seen:
-    """Which sequence numbers of one source were applied: a floor plus those above it."""
+    """Deltas of one source are applied in sequence order, each exactly once: `floor` is the last applied."""
 
     def __init__(self):
-        self.floor, self.above = 0, set()
+        self.floor = 0
 
     def __contains__(self, seq):
-        return seq <= self.floor or seq in self.above
-
-    def add(self, seq):
-        self.above.add(seq)
-        while self.floor + 1 in self.above:
-            self.floor += 1
-            self.above.remove(self.floor)
+        return seq <= self.floor
 
 
 class Node:
@@ -197,7 +191,9 @@ class Node:
             raise InvalidRequest("a delta names a table twice")
         seen = self.seen.setdefault(source, _Seen())
         if seq in seen:
-            return {"ack": seq}, []
+            return {"ack": seq}, []  # a copy of one already applied: acknowledge it again
+        if seq != seen.floor + 1:  # an earlier one is still on its way: the sender resends this one
+            return {"error": "out_of_order", "message": f"expected delta {seen.floor + 1} of {source}, got {seq}"}, []
         self._arrays(arrays, 2 * len(tables))
         work = []
         for t, name in enumerate(tables):  # check everything before changing anything
@@ -213,7 +209,7 @@ class Node:
             work.append((shard, ids, delta))
         for shard, ids, delta in work:
             shard.apply_delta(ids, delta)
-        seen.add(seq)
+        seen.floor = seq
         self.applied_upto[source] = max(self.applied_upto.get(source, 0), upto)
         return {"ack": seq}, []
 

@@ -8,6 +8,7 @@ spare, later), the endpoints of its peers and the positions that are dead.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import secrets
 import signal
@@ -183,9 +184,10 @@ class NodeServer:
         frames, _ = self.inflight[(target, seq)]
         try:
             self._peer(target).send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            sent = time.monotonic()
         except zmq.Again:
-            pass  # not connected yet: resent later
-        self.inflight[(target, seq)] = (frames, time.monotonic())
+            sent = 0.0  # not connected yet: try again at the next resend pass
+        self.inflight[(target, seq)] = (frames, sent)
 
     def resend(self) -> None:
         now = time.monotonic()
@@ -243,6 +245,7 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
     if parent:
         _die_with_parent(parent)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where the node is
     server = NodeServer(bind, curve, parent)
     if map_header is not None:
         server.apply_map(map_header)
