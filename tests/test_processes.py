@@ -221,3 +221,36 @@ def test_up_and_status_from_the_shell(tmp_path):
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(30)
+
+
+def free_ports(n):
+    ctx = zmq.Context.instance()
+    socks = [ctx.socket(zmq.ROUTER) for _ in range(n)]
+    ports = [s.bind_to_random_port("tcp://127.0.0.1") for s in socks]
+    for s in socks:
+        s.close(0)
+    return ports
+
+
+def test_nodes_started_from_a_config_file(tmp_path):
+    toml = tmp_path / "cluster.toml"
+    endpoints = [f"tcp://127.0.0.1:{p}" for p in free_ports(4)]
+    config = {"nodes": 4, "code": "rs", "k": 2, "r": 2, "window_rows": 1 << 20, "window_seconds": 5.0}
+    toml.write_text(ectable.config.dumps({"cluster": config, "nodes": {"endpoints": endpoints}}))
+    procs = [subprocess.Popen([sys.executable, "-m", "ectable", "node", "--config", str(toml), "--id", str(i),
+                               "--parent", str(os.getpid())], stdout=subprocess.PIPE, text=True) for i in range(4)]
+    try:
+        assert [p.stdout.readline().split()[1] for p in procs] == endpoints
+        client = ectable.connect(str(toml))
+        client.create_table("t", num_rows=50, dim=3, optimizer="adagrad")
+        client.apply_gradient("t", [1, 2, 2, 49], np.ones((4, 3)))
+        client.flush()
+        from ectable.cluster import RemoteCluster
+        check_parity(client.cluster, client)
+        assert client.status()["nodes"][3]["endpoint"] == endpoints[3]
+        client.cluster.close()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+            p.stdout.close()

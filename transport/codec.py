@@ -26,7 +26,7 @@ def encode(header: dict, arrays) -> list:
         code = _CODES.get(arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype)
         if code is None:
             raise TypeError(f"cannot send arrays of dtype {arr.dtype}")
-        arr = np.ascontiguousarray(arr, dtype=DTYPES[code])
+        arr = np.require(arr, dtype=DTYPES[code], requirements="C")
         descs.append([code, list(arr.shape)])
         frames.append(memoryview(arr).cast("B") if arr.size else b"")
     return [msgpack.packb({**header, "arrays": descs}, use_bin_type=True), *frames]

@@ -1,0 +1,48 @@
+"""The wire format: round trips, and garbage is refused with Malformed, never anything else."""
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from ectable.transport import codec
+
+arrays = st.sampled_from(["i8", "f4", "f8", "u1"]).flatmap(
+    lambda code: st.lists(st.integers(0, 5), min_size=0, max_size=3).map(
+        lambda shape: np.arange(int(np.prod(shape, dtype=np.int64))).astype(codec.DTYPES[code]).reshape(shape)))
+
+
+@given(st.dictionaries(st.text(max_size=5).filter(lambda k: k != "arrays"), st.integers() | st.text(max_size=5), max_size=4),
+       st.lists(arrays, max_size=4))
+def test_round_trip(header, arrs):
+    got_header, got = codec.decode([bytes(f) for f in codec.encode(header, arrs)])
+    assert got_header == header
+    assert len(got) == len(arrs)
+    for a, b in zip(arrs, got):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
+@given(st.lists(st.binary(max_size=40), min_size=0, max_size=4))
+def test_garbage_is_malformed(frames):
+    try:
+        header, arrs = codec.decode(frames)
+    except codec.Malformed:
+        return
+    assert isinstance(header, dict) and all(isinstance(a, np.ndarray) for a in arrs)
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(-2, 2), st.text(max_size=3),
+                          st.lists(st.one_of(st.text(max_size=3), st.integers(-2, 2), st.lists(st.integers(-2, 2), max_size=2)),
+                                   max_size=3)), max_size=3),
+       st.lists(st.binary(max_size=24), max_size=3))
+def test_bad_descriptors_are_malformed(descs, frames):
+    try:
+        codec.decode([msgpack.packb({"op": "get", "arrays": descs}), *frames])
+    except codec.Malformed:
+        pass
+
+
+def test_refuses_other_dtypes():
+    with pytest.raises(TypeError):
+        codec.encode({}, [np.array(["x"])])
+    with pytest.raises(codec.Malformed):
+        codec.decode([msgpack.packb({"arrays": [["O", [1]]]}), b"12345678"])
