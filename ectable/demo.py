@@ -34,8 +34,9 @@ def train(cluster, kill_at=None, log=print):
         losses, start = [], time.perf_counter()
         for b in batches:
             if step == kill_at:
+                pid = cluster.node_pids()[2]
                 cluster.kill(2)
-                log(f"  !! step {step}: node 2 killed (its memory is gone); training goes on")
+                log(f"  !! step {step}: node 2 (pid {pid}) SIGKILLed; training goes on")
             u, i = users[b], items[b]
             rows = client.get_many({"users": u, "items": i})
             err = np.einsum("ij,ij->i", rows["users"], rows["items"]) - r[b]
@@ -57,13 +58,14 @@ def train(cluster, kill_at=None, log=print):
 
 
 def main():
-    print("ectable demo: matrix factorisation, users and items tables, xor(4,1) on 5 nodes + 1 spare, rowwise_adagrad")
+    print("ectable demo: matrix factorisation, users and items tables, xor(4,1) on 5 node processes + 1 spare, "
+          "rowwise_adagrad")
     print("failure-free reference run:")
-    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as ref:
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=True) as ref:
         ref_client, steps = train(ref)
         expect = {t: read_records(ref_client, t, np.arange(n)) for t, n in (("users", USERS), ("items", ITEMS))}
     print(f"run with node 2 killed at step {steps // 2}:")
-    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as cluster:
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=True) as cluster:
         client, _ = train(cluster, kill_at=steps // 2)
         start = time.perf_counter()
         client.wait_recovered(timeout=120)
