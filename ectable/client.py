@@ -30,6 +30,19 @@ class Client:
             self._sources[p] = cluster.source(p)
         self._refresh_tables()
 
+    owns_cluster = False
+
+    def close(self) -> None:
+        """Release the connection (and the cluster map, for clients of `ectable.connect`)."""
+        if self.owns_cluster:
+            self.cluster.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     # -- tables ----------------------------------------------------------
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
                      eps: float = 1e-8, init: str = "uniform", seed: int = 0, **init_args) -> None:

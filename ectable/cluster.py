@@ -352,6 +352,7 @@ class RemoteCluster(ClusterMap):
         self.context = zmq.Context()
         self._channels = [ZmqChannel(e, self.context, self.curve) for e in self.endpoints]
         self._dead: set[int] = set()
+        self._rebuilding: set[int] = set()
         self._sources = {}
 
     def channel(self, p):
@@ -369,10 +370,16 @@ class RemoteCluster(ClusterMap):
         return self._sources[p]
 
     def state(self, p):
-        return "dead" if self.source(p) is None else "up"
+        return "dead" if self.source(p) is None else "rebuilding" if p in self._rebuilding else "up"
 
     def mark_dead(self, p):
         self._dead.add(p)
+
+    def mark_rebuilding(self, p):
+        self._rebuilding.add(p)
+
+    def rebuilt(self, p):
+        self._rebuilding.discard(p)
 
     def replace(self, p):
         return False
@@ -387,5 +394,7 @@ class RemoteCluster(ClusterMap):
 
 
 def connect(path: str) -> Client:
-    """A client of the cluster described by the TOML file at `path`."""
-    return RemoteCluster(path).connect()
+    """A client of the cluster described by the TOML file at `path`; `close()` it when done."""
+    client = RemoteCluster(path).connect()
+    client.owns_cluster = True
+    return client

@@ -149,7 +149,8 @@ def test_concurrent_client_processes(tmp_path):
                   "    ids = np.arange(w, 4000, 4)\n"
                   "    cl.apply_gradient('t', ids, np.full((ids.size, 8), 1.0 + s))\n"
                   "    cl.step()\n"
-                  "cl.flush()\n")
+                  "cl.flush()\n"
+                  "cl.close()\n")
         procs = [subprocess.Popen([sys.executable, "-c", script, str(toml), str(w)]) for w in range(4)]
         assert [p.wait(120) for p in procs] == [0] * 4
         client.flush()
@@ -245,10 +246,9 @@ def test_nodes_started_from_a_config_file(tmp_path):
         client.create_table("t", num_rows=50, dim=3, optimizer="adagrad")
         client.apply_gradient("t", [1, 2, 2, 49], np.ones((4, 3)))
         client.flush()
-        from ectable.cluster import RemoteCluster
         check_parity(client.cluster, client)
         assert client.status()["nodes"][3]["endpoint"] == endpoints[3]
-        client.cluster.close()
+        client.close()
     finally:
         for p in procs:
             p.kill()
