@@ -11,7 +11,8 @@ arrays = st.sampled_from(["i8", "f4", "f8", "u1"]).flatmap(
         lambda shape: np.arange(int(np.prod(shape, dtype=np.int64))).astype(codec.DTYPES[code]).reshape(shape)))
 
 
-@given(st.dictionaries(st.text(max_size=5).filter(lambda k: k != "arrays"), st.integers() | st.text(max_size=5), max_size=4),
+@given(st.dictionaries(st.text(max_size=5).filter(lambda k: k != "arrays"), st.integers(-2**63, 2**63 - 1) | st.text(max_size=5),
+                       max_size=4),
        st.lists(arrays, max_size=4))
 def test_round_trip(header, arrs):
     got_header, got = codec.decode([bytes(f) for f in codec.encode(header, arrs)])
