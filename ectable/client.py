@@ -26,6 +26,7 @@ class Client:
         self._sources: dict[int, str] = {}
         self.repair = Repair(self)
         self.rebuild_budget = REBUILD_BUDGET
+        self._steps: dict = {}  # step requests whose replies are not collected yet
         for p in range(self.nodes):
             self._sources[p] = cluster.source(p)
         self._refresh_tables()
@@ -198,6 +199,7 @@ class Client:
     def _fan_out(self, requests: dict) -> dict:
         """Send {node: (header, arrays)} to all live nodes at once; {node: result} of those that
         answered plainly ("write": its seq, else its arrays). The others are left to the slow path."""
+        self._finish_steps()
         pending, done = {}, {}
         for p, (header, arrays) in requests.items():
             if self._state(p) != "dead":
@@ -215,19 +217,36 @@ class Client:
 
     # -- iteration boundary ----------------------------------------------
     def step(self) -> None:
-        """Close every node's dirty window; its parity deltas go out. Advances any rebuild."""
-        for p in self._positions():
-            self._try(p, {"op": "step"})
+        """Close every node's dirty window (all nodes at once); its parity deltas go out. Advances any rebuild."""
+        self._close_windows()
         for p in self._positions():
             if self._state(p) == "rebuilding":
                 self.repair.rebuild_step(p, self.rebuild_budget)
 
+    def _close_windows(self, wait: bool = False) -> None:
+        """Ask every node to close its window; the replies are collected by the next request
+        (so a node's closing overlaps the caller's own work), or now if `wait`."""
+        self._finish_steps()
+        for p in self._positions():
+            try:
+                self._steps[p] = self.cluster.channel(p).start({"op": "step"}, [])
+            except NodeDown:
+                self._lost(p)
+        if wait:
+            self._finish_steps()
+
+    def _finish_steps(self) -> None:
+        steps, self._steps = self._steps, {}
+        for p, pending in steps.items():
+            try:
+                self._check_reply(p, *pending.wait(DEADLINE))
+            except NodeDown:
+                self._lost(p)
+
     def flush(self, timeout: float = DEADLINE) -> None:
         """Return once every node's parity reflects every acknowledged write."""
-        deadline = time.monotonic() + timeout
-        for p in self._positions():
-            self._try(p, {"op": "step"})
-        self.settle(deadline)
+        self._close_windows(wait=True)
+        self.settle(time.monotonic() + timeout)
 
     def settle(self, deadline: float) -> None:
         """Wait until no node has deltas in flight to a live node."""
@@ -315,6 +334,8 @@ class Client:
         self._state(p)
 
     def _call(self, p, header, arrays):
+        if self._steps:
+            self._finish_steps()
         return self._check_reply(p, *self.cluster.channel(p).call(header, arrays, DEADLINE))
 
     def _check_reply(self, p, reply, out):

@@ -332,7 +332,11 @@ def _read_line(proc: subprocess.Popen, deadline: float) -> str:
 
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        proc.kill()
+        proc.terminate()  # SIGTERM: the node exits at once (and writes its profile, if asked)
+        try:
+            proc.wait(2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:

@@ -96,6 +96,9 @@ class NodeServer:
         self.fenced |= {f for f in header.get("fenced", []) if isinstance(f, str)}
         for target in self.dead:
             self._drop_peer(target)
+        for target in range(len(endpoints)):  # connect now, so the first window's deltas need not wait
+            if target != self.node.position and target not in self.dead:
+                self._peer(target)
         return {"source": self.node.source}
 
     def _drop_peer(self, target: int) -> None:
@@ -110,7 +113,6 @@ class NodeServer:
 
     # -- the loop --------------------------------------------------------
     def serve(self) -> None:
-        last_resend = time.monotonic()
         while self.running:
             events = dict(self.poller.poll(int(TICK * 1000)))
             if self.router in events:
@@ -124,9 +126,7 @@ class NodeServer:
                 if sock in events:
                     self.read_acks(target, sock)
             self.send_outbox()
-            if time.monotonic() - last_resend > RESEND / 2:
-                self.resend()
-                last_resend = time.monotonic()
+            self.resend()
             if self.parent and os.getppid() != self.parent:
                 break  # the process that started us is gone: never outlive it
         self.close()
@@ -174,7 +174,7 @@ class NodeServer:
     def _peer(self, target: int) -> zmq.Socket:
         sock = self.peers.get(target)
         if sock is None:
-            sock = make_socket(self.context, zmq.DEALER, self.curve)
+            sock = make_socket(self.context, zmq.DEALER, self.curve, immediate=False)
             sock.connect(self.endpoints[target])
             self.peers[target] = sock
             self.poller.register(sock, zmq.POLLIN)
@@ -208,6 +208,10 @@ class NodeServer:
             seq = header.get("ack")
             if isinstance(seq, int) and self.inflight.pop((target, seq), None) is not None:
                 self.node.acked(target, seq)
+            elif header.get("error") == "out_of_order":  # an earlier delta was lost: send them all again now
+                for key, (frames, _) in list(self.inflight.items()):
+                    if key[0] == target:
+                        self.inflight[key] = (frames, 0.0)
 
     def close(self) -> None:
         for sock in self.peers.values():
@@ -250,4 +254,13 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
     if map_header is not None:
         server.apply_map(map_header)
     print(f"READY {server.endpoint}", flush=True)
-    server.serve()
+    profile = os.environ.get("ECTABLE_PROFILE")  # a directory: each node writes its cProfile there on exit
+    if not profile:
+        server.serve()
+        return
+    import cProfile
+    prof = cProfile.Profile()
+    try:
+        prof.runcall(server.serve)
+    finally:
+        prof.dump_stats(os.path.join(profile, f"node-{os.getpid()}.prof"))

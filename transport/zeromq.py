@@ -15,16 +15,19 @@ POLL = 0.05  # seconds between liveness checks while waiting
 HWM = 1000
 
 
-def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, server: bool = False) -> zmq.Socket:
-    """A socket with ectable's options: LINGER 0, bounded queues, CURVE when keys are given."""
+def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, server: bool = False,
+                immediate: bool = True) -> zmq.Socket:
+    """A socket with ectable's options: LINGER 0, bounded queues, CURVE when keys are given.
+    `immediate`: a DEALER refuses to queue for a peer it is not connected to (clients want to
+    know at once; nodes sending deltas would rather queue them, in order, while connecting)."""
     sock = context.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, HWM)
     sock.setsockopt(zmq.RCVHWM, HWM)
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    if kind == zmq.DEALER:
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a peer that is not connected
+    if kind == zmq.DEALER and immediate:
+        sock.setsockopt(zmq.IMMEDIATE, 1)
     if curve:
         if server:
             sock.curve_server = True
