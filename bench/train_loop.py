@@ -24,7 +24,7 @@ def batches(rows: int, n: int, per_batch: int, seed: int = 0):
     return [(rng.zipf(1.1, per_batch) - 1) % rows for _ in range(n)]
 
 
-def numpy_floor(rows: int, work) -> float:
+def numpy_floor(rows: int, work, compute: float = 0.0) -> float:
     table = np.ones((rows, DIM + 1), dtype=np.float32)  # written, so its pages exist before timing
     lr = np.float32(0.01)
     start = 0.0
@@ -33,6 +33,7 @@ def numpy_floor(rows: int, work) -> float:
             start = time.perf_counter()
         uniq, inv = np.unique(ids, return_inverse=True)
         table[uniq]  # the get
+        time.sleep(compute)
         summed = np.zeros((uniq.size, DIM), dtype=np.float32)
         np.add.at(summed, inv, grads)
         rec = table[uniq]
@@ -42,7 +43,7 @@ def numpy_floor(rows: int, work) -> float:
     return time.perf_counter() - start
 
 
-def cluster_loop(rows: int, work, code: str, k: int, r: int, processes: bool) -> float:
+def cluster_loop(rows: int, work, code: str, k: int, r: int, processes: bool, compute: float = 0.0) -> float:
     with ectable.LocalCluster(nodes=6, code=code, k=k, r=r, processes=processes) as cluster:
         client = cluster.connect()
         client.create_table("t", num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", init="zeros")
@@ -51,6 +52,7 @@ def cluster_loop(rows: int, work, code: str, k: int, r: int, processes: bool) ->
             if n == WARMUP:
                 start = time.perf_counter()
             client.get("t", ids)
+            time.sleep(compute)  # the model's forward and backward pass, on an accelerator
             client.apply_gradient("t", ids, grads)
             client.step()
         client.flush()
@@ -63,20 +65,25 @@ def main():
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--batch", type=int, default=20_000, help="ids per batch (before dedup)")
     parser.add_argument("--in-process", action="store_true", help="nodes inside this process")
+    parser.add_argument("--compute-ms", type=float, default=0.0,
+                        help="idle time per iteration between get and apply_gradient (the model's own step)")
     args = parser.parse_args()
     ids = batches(args.rows, args.iters, args.batch)
     rng = np.random.default_rng(1)
     work = [(i, rng.standard_normal((i.size, DIM)).astype(np.float32)) for i in ids]
     unique = np.mean([np.unique(i).size for i in ids])
     total = sum(i.size for i in ids[WARMUP:])
-    results = {"numpy": numpy_floor(args.rows, work)}
+    compute = args.compute_ms / 1000
+    results = {"numpy": numpy_floor(args.rows, work, compute)}
     for code, k, r in [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2)]:
-        results[f"{code}({k},{r})" if r else "none"] = cluster_loop(args.rows, work, code, k, r, not args.in_process)
+        results[f"{code}({k},{r})" if r else "none"] = cluster_loop(args.rows, work, code, k, r, not args.in_process, compute)
     out = [[name, round(total / secs), round(results["none"] / secs, 3), round(results["numpy"] / secs, 3)]
            for name, secs in results.items()]
     mode = "in process" if args.in_process else "node processes over ZeroMQ"
-    print(f"{args.iters} batches of {args.batch} ids ({unique:.0f} unique on average), {args.rows} rows, dim {DIM}, {mode}")
-    report("train_loop_inprocess" if args.in_process else "train_loop", ["store", "ids/s", "vs none", "vs numpy"], out, {"unique_per_batch": unique})
+    print(f"{args.iters} batches of {args.batch} ids ({unique:.0f} unique on average), {args.rows} rows, dim {DIM}, "
+          f"{mode}, {args.compute_ms} ms model step")
+    name = ("train_loop_inprocess" if args.in_process else "train_loop") + (f"_compute{args.compute_ms:g}ms" if compute else "")
+    report(name, ["store", "ids/s", "vs none", "vs numpy"], out, {"unique_per_batch": unique})
 
 
 if __name__ == "__main__":

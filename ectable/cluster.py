@@ -163,6 +163,9 @@ class InProcessCluster(LocalCluster):
                         raise Error(f"node {target} refused a delta: {reply}")
                     node.acked(target, reply["ack"])
             if not moved:
+                for node in self._nodes:
+                    if node is not None:
+                        node.apply_queued()
                 return
 
 

@@ -22,6 +22,9 @@ from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
 _incarnations = itertools.count(1)
+MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
+READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status"}
+LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class Node:
         self.seen: dict[str, _Seen] = {}
         self.applied_upto: dict[str, int] = {}
         self.rejected = 0
+        self.lazy_close = False  # step() only marks the window for closing (a node process sets this)
+        self.close_pending = False
+        self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta)
+        self.queued_rows = 0
 
     # -- dispatch --------------------------------------------------------
     def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
@@ -87,6 +94,10 @@ class Node:
             method = self._ops.get(op) if isinstance(op, str) else None
             if method is None:
                 raise InvalidRequest(f"unknown op {op!r}")
+            if self.close_pending and op not in LEAVES_WINDOW_OPEN:
+                self.close_window()
+            if op in READS_PARITY and self.queued:
+                self.apply_queued()
             reply, out = method(self, header, arrays)
             reply.setdefault("durable", self.durable_seq)
             return reply, out
@@ -180,7 +191,10 @@ class Node:
         return {"unacked": len(self.unacked)}, []
 
     def op_step(self, header, arrays):
-        self.close_window()
+        if self.lazy_close:
+            self.close_pending = True  # closed when idle, or before the next request that needs it
+        else:
+            self.close_window()
         return {}, []
 
     def op_delta(self, header, arrays):
@@ -207,11 +221,19 @@ class Node:
             if np.unique(stripes).size != stripes.size:
                 raise InvalidRequest(f"table {name!r}: a delta names a stripe twice")
             work.append((shard, ids, delta))
-        for shard, ids, delta in work:
-            shard.apply_delta(ids, delta)
+        self.queued.extend(work)  # applied when the node is idle, or before anything reads parity
+        self.queued_rows += sum(ids.size for _, ids, _ in work)
+        if self.queued_rows > MAX_QUEUED_ROWS:
+            self.apply_queued()
         seen.floor = seq
         self.applied_upto[source] = max(self.applied_upto.get(source, 0), upto)
         return {"ack": seq}, []
+
+    def apply_queued(self) -> None:
+        """Fold every received delta into the parity rows."""
+        queued, self.queued, self.queued_rows = self.queued, [], 0
+        for shard, ids, delta in queued:
+            shard.apply_delta(ids, delta)
 
     def op_applied(self, header, arrays):
         """The last write seq of `source` whose deltas were applied here."""
@@ -277,6 +299,7 @@ class Node:
 
     def close_window(self) -> None:
         """Turn the dirty rows into one delta message per parity-holding node."""
+        self.close_pending = False
         if self.write_seq == self.closed_upto:
             return  # nothing written since the last close
         self.closed_upto = self.write_seq

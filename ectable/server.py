@@ -84,6 +84,7 @@ class NodeServer:
             except (TypeError, ValueError, KeyError) as exc:
                 return {"error": "invalid", "message": f"bad map: {exc}"}
             self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")))
+            self.node.lazy_close = True
             self.node.source = f"node/{position}/{os.getpid()}/{secrets.token_hex(4)}"
         if self.node is None:
             return {"source": None}
@@ -127,6 +128,12 @@ class NodeServer:
                     self.read_acks(target, sock)
             self.send_outbox()
             self.resend()
+            if self.node is not None and self.router not in events:  # idle: do the deferred work now
+                if self.node.close_pending:
+                    self.node.close_window()
+                    self.send_outbox()
+                elif self.node.queued:
+                    self.node.apply_queued()
             if self.parent and os.getppid() != self.parent:
                 break  # the process that started us is gone: never outlive it
         self.close()
