@@ -28,7 +28,8 @@ def cmd_up(args) -> None:
     from .cluster import ProcessCluster
     curve = cluster_config.load(args.keys)["security"] if args.keys else None
     cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, curve=curve)
-    data = {"cluster": cluster.config.get_config(), "nodes": {"endpoints": cluster.endpoints}}
+    data = {"cluster": cluster.config.get_config(),
+            "nodes": {"endpoints": cluster.endpoints, "spares": [n.endpoint for n in cluster._idle]}}
     if curve:
         data["security"] = curve
     with open(args.config, "w") as f:

@@ -355,6 +355,7 @@ class RemoteCluster(ClusterMap):
         data = cluster_config.load(path)
         super().__init__(ClusterConfig(**data["cluster"]))
         self.endpoints = data["nodes"]["endpoints"]
+        self.spare_endpoints = data["nodes"].get("spares", [])
         self.curve = data.get("security")
         self.context = zmq.Context()
         self._channels = [ZmqChannel(e, self.context, self.curve) for e in self.endpoints]
@@ -392,7 +393,7 @@ class RemoteCluster(ClusterMap):
         return False
 
     def spares_left(self):
-        return 0
+        return len(self.spare_endpoints)  # listed for operators; replacing onto them is the coordinator's job
 
     def close(self):
         for channel in self._channels:

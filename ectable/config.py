@@ -1,7 +1,7 @@
 """Cluster TOML files: what `ectable up` writes and `ectable.connect` / `ectable node` read.
 
     [cluster]   nodes, code, k, r, window_rows, window_seconds
-    [nodes]     endpoints = ["tcp://127.0.0.1:PORT", ...]  (one per active position)
+    [nodes]     endpoints = ["tcp://127.0.0.1:PORT", ...]  (one per active position), spares = [...]
     [security]  server_public, server_secret, client_public, client_secret, allowed  (CURVE, optional)
 """
 from __future__ import annotations
