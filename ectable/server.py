@@ -23,6 +23,7 @@ from .transport.zeromq import make_socket
 
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02
+GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
 
 
 class NodeServer:
@@ -51,6 +52,7 @@ class NodeServer:
         self.peers: dict[int, zmq.Socket] = {}
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
         self.malformed = 0
+        self.last_request = 0.0
         self.running = True
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
@@ -115,8 +117,10 @@ class NodeServer:
     # -- the loop --------------------------------------------------------
     def serve(self) -> None:
         while self.running:
-            events = dict(self.poller.poll(int(TICK * 1000)))
+            busy = self.node is not None and (self.node.close_pending or self.node.queued)
+            events = dict(self.poller.poll(int((GRACE if busy else TICK) * 1000)))
             if self.router in events:
+                self.last_request = time.monotonic()
                 for _ in range(64):  # a burst at most, then the peers get a turn
                     try:
                         frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
@@ -128,7 +132,7 @@ class NodeServer:
                     self.read_acks(target, sock)
             self.send_outbox()
             self.resend()
-            if self.node is not None and self.router not in events:  # idle: do the deferred work now
+            if busy and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
                     self.node.close_window()
                     self.send_outbox()
