@@ -21,6 +21,9 @@ bench: $(STAMP)
 	$(PY) -m bench.gf_kernel
 	$(PY) -m bench.memory
 	$(PY) -m bench.window_cost
+	$(PY) -m bench.train_loop --compute-ms 20
+	$(PY) -m bench.train_loop
+	$(PY) -m bench.garbage_stream
 
 clean:
 	rm -rf $(VENV) build *.egg-info

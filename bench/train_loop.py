@@ -65,6 +65,7 @@ def main():
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--batch", type=int, default=20_000, help="ids per batch (before dedup)")
     parser.add_argument("--in-process", action="store_true", help="nodes inside this process")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each store, interleaved; the median counts")
     parser.add_argument("--compute-ms", type=float, default=0.0,
                         help="idle time per iteration between get and apply_gradient (the model's own step)")
     args = parser.parse_args()
@@ -74,16 +75,21 @@ def main():
     unique = np.mean([np.unique(i).size for i in ids])
     total = sum(i.size for i in ids[WARMUP:])
     compute = args.compute_ms / 1000
-    results = {"numpy": numpy_floor(args.rows, work, compute)}
-    for code, k, r in [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2)]:
-        results[f"{code}({k},{r})" if r else "none"] = cluster_loop(args.rows, work, code, k, r, not args.in_process, compute)
+    runs: dict[str, list] = {}
+    for _ in range(args.repeat):  # interleaved, so a noisy neighbour hurts every store alike
+        runs.setdefault("numpy", []).append(numpy_floor(args.rows, work, compute))
+        for code, k, r in [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2)]:
+            name = f"{code}({k},{r})" if r else "none"
+            runs.setdefault(name, []).append(cluster_loop(args.rows, work, code, k, r, not args.in_process, compute))
+    results = {name: float(np.median(times)) for name, times in runs.items()}
     out = [[name, round(total / secs), round(results["none"] / secs, 3), round(results["numpy"] / secs, 3)]
            for name, secs in results.items()]
     mode = "in process" if args.in_process else "node processes over ZeroMQ"
     print(f"{args.iters} batches of {args.batch} ids ({unique:.0f} unique on average), {args.rows} rows, dim {DIM}, "
           f"{mode}, {args.compute_ms} ms model step")
     name = ("train_loop_inprocess" if args.in_process else "train_loop") + (f"_compute{args.compute_ms:g}ms" if compute else "")
-    report(name, ["store", "ids/s", "vs none", "vs numpy"], out, {"unique_per_batch": unique})
+    report(name, ["store", "ids/s", "vs none", "vs numpy"], out,
+           {"unique_per_batch": unique, "seconds": runs, "compute_ms": args.compute_ms})
 
 
 if __name__ == "__main__":
