@@ -146,7 +146,7 @@ class NodeServer:
         identity, body = frames[0], frames[1:]
         try:
             header, arrays = codec.decode(body)
-        except codec.Malformed as exc:
+        except Exception as exc:  # Malformed, or anything a decoder bug lets through: never die of input
             self.malformed += 1
             self._reply(identity, {"error": "malformed", "message": str(exc)}, [])
             return

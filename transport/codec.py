@@ -5,6 +5,8 @@ array frame that follows. Only the dtypes in `DTYPES` cross the wire.
 """
 from __future__ import annotations
 
+import math
+
 import msgpack
 import numpy as np
 
@@ -51,12 +53,13 @@ def decode(frames) -> tuple[dict, list]:
         raise Malformed(f"header lists {len(descs) if isinstance(descs, list) else '?'} arrays, message has {len(frames) - 1}")
     arrays = []
     for desc, frame in zip(descs, frames[1:]):
-        if not (isinstance(desc, list) and len(desc) == 2 and desc[0] in DTYPES and isinstance(desc[1], list)
+        if not (isinstance(desc, list) and len(desc) == 2 and isinstance(desc[0], str) and desc[0] in DTYPES
+                and isinstance(desc[1], list)
                 and len(desc[1]) <= MAX_DIMS and all(isinstance(d, int) and 0 <= d < 1 << 40 for d in desc[1])):
             raise Malformed(f"bad array descriptor {desc!r}"[:200])
         dtype, shape = DTYPES[desc[0]], tuple(desc[1])
         buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(buf):
+        if math.prod(shape) * dtype.itemsize != len(buf):
             raise Malformed(f"array frame of {len(buf)} bytes does not hold {desc[0]}{list(shape)}")
         arrays.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
     return header, arrays
