@@ -1,8 +1,10 @@
+"""Hypothesis profiles, chosen by HYPOTHESIS_PROFILE: `ci` (make test; derandomized, so CI is repeatable),
+`dev` (the default: random, explores new cases) and `thorough`."""
 import os
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=150, stateful_step_count=50, deadline=None,
+settings.register_profile("ci", max_examples=150, stateful_step_count=50, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=100, stateful_step_count=50, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
