@@ -21,7 +21,7 @@ def cmd_node(args) -> None:
         endpoints = data["nodes"]["endpoints"]
         bind = bind or endpoints[args.id]
         map_header = {"op": "map", "position": args.id, "config": data["cluster"], "endpoints": endpoints, "dead": []}
-    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header)
+    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, os.environ.get("ECTABLE_CONTROL_TOKEN"))
 
 
 def cmd_up(args) -> None:

@@ -1,6 +1,7 @@
 """The client: routes rows to nodes, keeps writes until their parity is safe, fails over."""
 from __future__ import annotations
 
+import secrets
 import time
 import numpy as np
 
@@ -12,6 +13,17 @@ from .table import TableSpec
 
 DEADLINE = 30.0
 REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
+
+
+class _Write:
+    """A logged write: what was sent to one node, under this client's sequence number."""
+
+    __slots__ = ("writes", "cid", "cseq", "seq", "replayed")
+
+    def __init__(self, writes, cid, cseq):
+        self.writes, self.cid, self.cseq = writes, cid, cseq
+        self.seq = None  # the node's sequence number, once it answered
+        self.replayed = False  # a failover took it
 
 
 class Client:
@@ -27,6 +39,8 @@ class Client:
         self.repair = Repair(self)
         self.rebuild_budget = REBUILD_BUDGET
         self._steps: dict = {}  # step requests whose replies are not collected yet
+        self.cid = secrets.token_hex(8)  # names this client's writes in the nodes' deltas
+        self._cseq = 0
         for p in range(self.nodes):
             self._sources[p] = cluster.source(p)
         self._refresh_tables()
@@ -102,16 +116,26 @@ class Client:
 
     def _read_node(self, p, table, ids, records=False):
         """Rows from node p, decoding them if it is dead and rebuilding them first if needed."""
-        while True:
+        def attempt():
             if self._state(p) == "dead":
                 out = self.repair.read(table, ids)
                 return out if records else np.ascontiguousarray(out[:, : self._table(table)[0].dim])
+            return self._call(p, {"op": "get", "table": table, "records": records}, [ids])[1][0]
+        return self._with_failover(p, attempt)
+
+    def _with_failover(self, p, attempt):
+        """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first."""
+        for _ in range(4 * self.nodes):
             try:
-                return self._call(p, {"op": "get", "table": table, "records": records}, [ids])[1][0]
-            except NodeDown:
-                self._lost(p)
+                return attempt()
             except NotRebuilt as exc:
-                self.repair.rebuild_rows(p, exc.table, exc.ids)
+                try:
+                    self.repair.rebuild_rows(p, exc.table, exc.ids)
+                except NodeDown as down:
+                    self._lost(down.position)
+            except NodeDown as exc:
+                self._lost(exc.position)
+        raise Unavailable(f"node {p}: nodes kept failing while serving a request")
 
     # -- writes ----------------------------------------------------------
     def put(self, table: str, ids, rows) -> None:
@@ -160,33 +184,43 @@ class Client:
                     self.repair.check(table, ids)
         writes = {p: [(table, batch[table][0], ids, batch[table][2][where]) for table, ids, where in ps]
                   for p, ps in parts.items()}
-        done = self._fan_out({p: self._write_request(w) for p, w in writes.items()})
+        entries = {p: self._logged(p, w) for p, w in writes.items() if self._state(p) != "dead"}
+        done = self._fan_out({p: self._write_request(e) for p, e in entries.items()})
         for p, w in writes.items():
             if p in done:
-                self._log[p].append((done[p], w))
+                entries[p].seq = done[p]
             else:
-                self._write_node(p, w)
+                self._write_node(p, w, entries.get(p))
+
+    def _logged(self, p, writes) -> "_Write":
+        """A write to node p, kept in the redo log from before it is sent until its parity is safe."""
+        self._cseq += 1
+        entry = _Write(writes, self.cid, self._cseq)
+        self._log[p].append(entry)
+        return entry
 
     @staticmethod
-    def _write_request(writes):
-        header = {"op": "write", "parts": [[table, kind] for table, kind, _, _ in writes]}
-        return header, [a for _, _, ids, values in writes for a in (ids, values)]
+    def _write_request(entry):
+        header = {"op": "write", "parts": [[table, kind] for table, kind, _, _ in entry.writes],
+                  "cid": entry.cid, "cseq": entry.cseq}
+        return header, [a for _, _, ids, values in entry.writes for a in (ids, values)]
 
-    def _write_node(self, p, writes):
-        """Write [(table, kind, ids, values)] to node p, failing over, decoding or rebuilding as needed."""
-        while True:
-            if self._state(p) == "dead":
+    def _write_node(self, p, writes, entry=None):
+        """Apply [(table, kind, ids, values)] at position p exactly once: on node p, through the parity if
+        it is dead, or by the replay of a failover that took its redo-log entry."""
+        def attempt():
+            nonlocal entry
+            state = self._state(p)  # may fail p over, which takes its redo log
+            if entry is not None and entry.replayed:
+                return  # a failover took it: replayed there, unless its parity already held it
+            if state == "dead":
                 for table, kind, ids, values in writes:
                     self.repair.write(table, kind, ids, values)
                 return
-            try:
-                reply = self._call(p, *self._write_request(writes))[0]
-                self._log[p].append((reply["seq"], writes))
-                return
-            except NodeDown:
-                self._lost(p)
-            except NotRebuilt as exc:
-                self.repair.rebuild_rows(p, exc.table, exc.ids)
+            if entry is None:
+                entry = self._logged(p, writes)
+            entry.seq = self._call(p, *self._write_request(entry))[0]["seq"]
+        self._with_failover(p, attempt)
 
     def _parts(self, ids_by_table: dict) -> dict:
         """{node: [(table, ids, indices into that table's ids)]}."""
@@ -221,7 +255,7 @@ class Client:
         self._close_windows()
         for p in self._positions():
             if self._state(p) == "rebuilding":
-                self.repair.rebuild_step(p, self.rebuild_budget)
+                self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, self.rebuild_budget))
 
     def _close_windows(self, wait: bool = False) -> None:
         """Ask every node to close its window; the replies are collected by the next request
@@ -291,7 +325,7 @@ class Client:
             while self._state(p) == "rebuilding":
                 if time.monotonic() > deadline:
                     raise Error(f"node {p} is still rebuilding after {timeout} s")
-                self.repair.rebuild_step(p, REBUILD_BUDGET)
+                self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, REBUILD_BUDGET))
         dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
         if dead:
             raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")
@@ -336,7 +370,12 @@ class Client:
     def _call(self, p, header, arrays):
         if self._steps:
             self._finish_steps()
-        return self._check_reply(p, *self.cluster.channel(p).call(header, arrays, DEADLINE))
+        try:
+            reply = self.cluster.channel(p).call(header, arrays, DEADLINE)
+        except NodeDown as exc:
+            exc.position = p
+            raise
+        return self._check_reply(p, *reply)
 
     def _check_reply(self, p, reply, out):
         error = reply.get("error")
@@ -349,7 +388,7 @@ class Client:
         durable = reply.get("durable")
         if durable is not None and self.cluster.source(p) == self._sources.get(p):
             log = self._log[p]
-            while log and log[0][0] <= durable:
+            while log and log[0].seq is not None and log[0].seq <= durable:
                 log.popleft()
         return reply, out
 
@@ -363,54 +402,64 @@ class Client:
         if not self.cluster.claim_failover(source):
             self._sources[p] = self.cluster.source(p)
             return
-        uptos = np.full(self.nodes, -1, dtype=np.int64)  # per survivor: last write of the dead node it holds
+        marks: dict[int, dict] = {}  # per survivor: the last write of each client from the dead node it holds
         for q in range(self.nodes):
             if q != p and self.cluster.state(q) != "dead":
-                uptos[q] = self._call(q, {"op": "applied", "source": source}, [])[0]["upto"]
+                try:
+                    marks[q] = self._call(q, {"op": "applied", "source": source}, [])[0]["clients"]
+                except NodeDown:
+                    pass  # it died too: its parity is rebuilt, it holds nothing
         log = list(self._log[p])
         self._log[p].clear()
-        self._invalidate_laggards(log, uptos)
-        pending = [(seq, self._unapplied(seq, writes, uptos)) for seq, writes in log]
+        for entry in log:
+            entry.replayed = True
+        self._invalidate_laggards(log, marks)
+        pending = [self._unapplied(entry, marks) for entry in log]
         if self.cluster.state(p) == "dead" and self.cluster.replace(p):
             self._refresh_tables()
             for spec, _ in self._tables.values():
                 self._call(p, {"op": "create_table", "spec": spec.get_config()}, [])
         self._sources[p] = self.cluster.source(p)
-        for _, writes in pending:
+        for writes in pending:
             if writes:
                 self._write_node(p, writes)
 
-    def _invalidate_laggards(self, log, uptos):
+    def _held(self, entry, marks) -> np.ndarray:
+        """Per position: the last write of entry's client that the survivor there holds (-1: none)."""
+        return np.array([marks[q].get(entry.cid, 0) if q in marks else -1 for q in range(self.nodes)], dtype=np.int64)
+
+    def _invalidate_laggards(self, log, marks):
         """Deltas travel asynchronously, so a dead node's last windows may have reached some parity
         holders of a stripe and not others. Stripes whose holders disagree are decoded from the most
         advanced holder; the parity rows of the others are marked stale and rebuilt from data."""
         stale: dict[tuple[int, str], list] = {}
-        for seq, writes in log:
-            for table, _, ids, _ in writes:
+        for entry in log:
+            held_by = self._held(entry, marks)
+            for table, _, ids, _ in entry.writes:
                 layout = self._table(table)[1]
-                stripes = layout.stripe(ids)
-                holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)]) if layout.r else None
-                if holders is None:
+                if not layout.r:
                     continue
-                held = uptos[holders]
-                newest = held.max(axis=0)
-                behind = (held >= 0) & (held < seq) & (seq <= newest)
+                stripes = layout.stripe(ids)
+                holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)])
+                held = held_by[holders]
+                behind = (held >= 0) & (held < entry.cseq) & (entry.cseq <= held.max(axis=0))
                 for j, row in zip(*np.nonzero(behind)):
                     stale.setdefault((int(holders[j, row]), table), []).append(int(stripes[row]))
         for (q, table), stripes in stale.items():
             self._call(q, {"op": "invalidate", "table": table}, [np.unique(np.array(stripes, dtype=np.int64))])
             self.cluster.mark_rebuilding(q)
 
-    def _unapplied(self, seq, writes, uptos):
+    def _unapplied(self, entry, marks):
         """The rows of a logged write whose parity does not hold it yet, judged by each stripe's
         parity holders (deltas travel asynchronously, so holders may differ)."""
+        held_by = self._held(entry, marks)
         out = []
-        for table, kind, ids, values in writes:
+        for table, kind, ids, values in entry.writes:
             layout = self._table(table)[1]
             stripes = layout.stripe(ids)
-            held = np.max([uptos[layout.parity_node(stripes, j)] for j in range(layout.r)], axis=0) \
+            held = np.max([held_by[layout.parity_node(stripes, j)] for j in range(layout.r)], axis=0) \
                 if layout.r else np.full(ids.size, -1)
-            todo = held < seq
+            todo = held < entry.cseq
             if todo.any():
                 out.append((table, kind, ids[todo], values[todo]))
         return out

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -186,6 +187,7 @@ class ProcessCluster(LocalCluster):
     def __init__(self, *args, curve: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.curve = curve
+        self._token = secrets.token_hex(16)  # only this object may re-map or stop its nodes
         self.context = zmq.Context()
         self._procs: list[_NodeProcess] = []
         self._channels: dict[int, ZmqChannel] = {}
@@ -203,7 +205,7 @@ class ProcessCluster(LocalCluster):
             raise
 
     def _spawn(self, count: int) -> list[_NodeProcess]:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", ECTABLE_CONTROL_TOKEN=self._token)
         args = [sys.executable, "-m", "ectable", "node", "--bind", "tcp://127.0.0.1:0", "--parent", str(os.getpid())]
         if self.curve:
             self._keyfile = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
@@ -222,7 +224,7 @@ class ProcessCluster(LocalCluster):
         return self._procs[-count:]
 
     def _map(self) -> dict:
-        return {"op": "map", "config": self.config.get_config(), "endpoints": [n.endpoint for n in self._active],
+        return {"op": "map", "token": self._token, "config": self.config.get_config(), "endpoints": [n.endpoint for n in self._active],
                 "dead": sorted(self._dead), "fenced": self._fenced}
 
     def _assign(self, p: int, rebuilding: bool) -> None:

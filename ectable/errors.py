@@ -14,4 +14,6 @@ class Unavailable(Error):
 
 
 class NodeDown(Error):
-    """A node did not answer; the caller may fail over."""
+    """A node did not answer; the caller may fail over. `position`: which node, where known."""
+
+    position: int | None = None

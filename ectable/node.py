@@ -81,6 +81,8 @@ class Node:
         self.rejected = 0
         self.lazy_close = False  # step() only marks the window for closing (a node process sets this)
         self.close_pending = False
+        self.client_marks: dict[str, int] = {}  # client id -> its last write applied here
+        self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta)
         self.queued_rows = 0
 
@@ -183,6 +185,9 @@ class Node:
             apply(ids, values)
         self.write_seq += 1
         seq = self.write_seq
+        cid, cseq = header.get("cid"), header.get("cseq")
+        if isinstance(cid, str) and len(cid) <= 64 and isinstance(cseq, int):
+            self.client_marks[cid] = max(cseq, self.client_marks.get(cid, 0))  # this client's writes so far
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
         return {"seq": seq}, []
 
@@ -227,6 +232,9 @@ class Node:
             self.apply_queued()
         seen.floor = seq
         self.applied_upto[source] = max(self.applied_upto.get(source, 0), upto)
+        clients = header.get("clients")
+        if isinstance(clients, dict):
+            self.applied_clients[source] = {c: v for c, v in clients.items() if isinstance(c, str) and isinstance(v, int)}
         return {"ack": seq}, []
 
     def apply_queued(self) -> None:
@@ -237,7 +245,8 @@ class Node:
 
     def op_applied(self, header, arrays):
         """The last write seq of `source` whose deltas were applied here."""
-        return {"upto": self.applied_upto.get(header.get("source"), 0)}, []
+        source = header.get("source")
+        return {"upto": self.applied_upto.get(source, 0), "clients": self.applied_clients.get(source, {})}, []
 
     def op_get_parity(self, header, arrays):
         shard = self._shard(header)
@@ -326,7 +335,8 @@ class Node:
         for target, (names, arrays) in parts.items():
             seq = self._next_seq.get(target, 0) + 1
             self._next_seq[target] = seq
-            header = {"op": "delta", "source": self.source, "seq": seq, "upto": self.write_seq, "tables": names}
+            header = {"op": "delta", "source": self.source, "seq": seq, "upto": self.write_seq, "tables": names,
+                      "clients": dict(self.client_marks)}
             self.outbox.append((target, header, arrays))
             self.unacked[(target, seq)] = window
         self._advance()

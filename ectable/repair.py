@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .errors import Unavailable
+from .errors import NodeDown, Unavailable
 
 _repairers = itertools.count(1)
 
@@ -52,8 +52,8 @@ class Repair:
         k, width = layout.k, layout.width
         nbytes = spec.width * 4
         slots = np.arange(width)
-        nodes, virtual, have = self._survivors(table, stripes)
         self.client.settle(time.monotonic() + 30)  # a consistent cut: parity holds every closed window
+        nodes, virtual, have = self._survivors(table, stripes)  # after settle, which may fail nodes over
         chosen = have & (np.cumsum(have, axis=1) <= k)
         blocks = np.zeros((stripes.size, width, nbytes), dtype=np.uint8)
         read = chosen & ~virtual
@@ -98,13 +98,19 @@ class Repair:
         delta = old.view(np.uint8) ^ new.view(np.uint8)
         stripes = layout.stripe(ids)
         usable = self.client._usable() | self.client._rebuilding()
+        lost = []
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
             for target in np.unique(targets):
                 if not usable[target]:
                     continue  # its parity is rebuilt from the data later
                 pick = targets == target
-                self.send_delta(int(target), table, ids[pick], delta[pick])
+                try:
+                    self.send_delta(int(target), table, ids[pick], delta[pick])
+                except NodeDown:  # never retry a half-applied degraded write: the dead holder is rebuilt
+                    lost.append(int(target))
+        for target in lost:
+            self.client._lost(target)
 
     def send_delta(self, target: int, table: str, ids, delta) -> None:
         seq = self._next_seq.get(target, 0) + 1

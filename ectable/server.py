@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import secrets
 import signal
 import sys
@@ -21,6 +22,7 @@ from .node import ClusterConfig, Node
 from .transport import codec
 from .transport.zeromq import make_socket
 
+_ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
@@ -29,9 +31,9 @@ GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs whil
 class NodeServer:
     """The process side of a node: sockets, delta delivery, and the control ops `map` and `sync`."""
 
-    def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None):
+    def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None, token: str | None = None):
         self.context = zmq.Context()
-        self.curve, self.parent = curve, parent
+        self.curve, self.parent, self.token = curve, parent, token
         self.auth = None
         if curve:
             from zmq.auth.thread import ThreadAuthenticator
@@ -60,6 +62,8 @@ class NodeServer:
     # -- control ---------------------------------------------------------
     def control(self, header: dict, arrays: list) -> tuple[dict, list] | None:
         op = header.get("op")
+        if op in ("map", "shutdown") and (self.token is None or header.get("token") != self.token):
+            return {"error": "invalid", "message": f"{op} is only taken from the cluster that started this node"}, []
         if op == "map":
             return self.apply_map(header), []
         if op == "ping":
@@ -74,9 +78,10 @@ class NodeServer:
     def apply_map(self, header: dict) -> dict:
         """Take a position (once), learn peers' endpoints and which positions are dead."""
         endpoints, dead = header.get("endpoints"), header.get("dead", [])
-        if not (isinstance(endpoints, list) and all(isinstance(e, str) for e in endpoints)
-                and isinstance(dead, list) and all(isinstance(d, int) for d in dead)):
-            return {"error": "invalid", "message": "map needs endpoints (strings) and dead (positions)"}
+        if not (isinstance(endpoints, list) and all(isinstance(e, str) and _ENDPOINT.match(e) for e in endpoints)
+                and isinstance(dead, list) and all(isinstance(d, int) and 0 <= d < len(endpoints) for d in dead)
+                and (self.node is None or len(endpoints) == self.node.config.nodes)):
+            return {"error": "invalid", "message": "map needs tcp://host:port endpoints, one per node, and dead positions"}
         if self.node is None and header.get("position") is not None:
             try:
                 config = ClusterConfig(**header["config"])
@@ -151,19 +156,27 @@ class NodeServer:
             self._reply(identity, {"error": "malformed", "message": str(exc)}, [])
             return
         rid = header.get("id")
-        reply = self.control(header, arrays)
-        if reply is None and header.get("op") == "delta" and header.get("source") in self.fenced:
-            reply = {"error": "fenced", "message": "deltas of a node declared dead are refused"}, []
-        if reply is None:
-            reply = self.node.handle(header, arrays)
+        try:
+            reply = self._dispatch(header, arrays)
+        except Exception as exc:  # a node never dies of a request
+            self.malformed += 1
+            reply = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, []
         out_header, out_arrays = reply
         if header.get("op") == "status" and "status" in out_header:
             out_header["status"]["malformed"] = self.malformed
             out_header["status"]["endpoint"] = self.endpoint
         try:
             self._reply(identity, {**out_header, "id": rid}, out_arrays)
-        except TypeError:
-            self._reply(identity, {"error": "internal", "message": "reply not encodable", "id": rid}, [])
+        except (TypeError, ValueError):
+            self._reply(identity, {"error": "internal", "message": "reply not encodable"}, [])
+
+    def _dispatch(self, header, arrays):
+        reply = self.control(header, arrays)
+        if reply is None and header.get("op") == "delta" and header.get("source") in self.fenced:
+            reply = {"error": "fenced", "message": "deltas of a node declared dead are refused"}, []
+        if reply is None:
+            reply = self.node.handle(header, arrays)
+        return reply
 
     def _reply(self, identity, header, arrays) -> None:
         try:
@@ -255,13 +268,14 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(0)
 
 
-def run(bind: str, curve: dict | None = None, parent: int | None = None, map_header: dict | None = None) -> None:
+def run(bind: str, curve: dict | None = None, parent: int | None = None, map_header: dict | None = None,
+        token: str | None = None) -> None:
     """Serve until told to shut down; prints `READY <endpoint>` once listening."""
     if parent:
         _die_with_parent(parent)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where the node is
-    server = NodeServer(bind, curve, parent)
+    server = NodeServer(bind, curve, parent, token)
     if map_header is not None:
         server.apply_map(map_header)
     print(f"READY {server.endpoint}", flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .codes import Code, gf256
-from .errors import InvalidRequest
+from .errors import Error, InvalidRequest
 from .initializers import init_rows
 from .layout import Layout
 from .table import TableSpec
@@ -13,7 +13,7 @@ from .window import Window
 INIT_CHUNK = 1 << 16  # stripes encoded per pass when a shard initialises its parity
 
 
-class NotRebuilt(Exception):
+class NotRebuilt(Error):
     """Rows of a rebuilding shard were touched before their rebuild."""
 
     def __init__(self, table: str, ids: np.ndarray):

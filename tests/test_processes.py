@@ -254,3 +254,40 @@ def test_nodes_started_from_a_config_file(tmp_path):
             p.kill()
             p.wait(10)
             p.stdout.close()
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_a_write_whose_reply_died_with_its_node_applies_once(monkeypatch, spares):
+    """The node applied the write and its parity holders hold it, then it was SIGKILLed before the
+    client read the reply: the failover must see the write in the parity, not apply it again."""
+    from ectable.transport import zeromq
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=spares, window_rows=1) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=100, dim=4, optimizer="sgd", lr=1.0, init="zeros")
+        ids = np.array([5])
+        p = int(client._table("t")[1].data_node(ids)[0])
+        client.apply_gradient("t", ids, np.ones((1, 4)))
+        wait = zeromq._ZmqPending.wait
+
+        def kill_before_reading(self, timeout):
+            if self.channel.endpoint == c.endpoints[p] and not c.__dict__.get("killed"):
+                c.__dict__["killed"] = True
+                time.sleep(0.3)  # applied, window closed by size, delta acknowledged
+                c.kill(p)
+            return wait(self, timeout)
+        monkeypatch.setattr(zeromq._ZmqPending, "wait", kill_before_reading)
+        client.apply_gradient("t", ids, np.ones((1, 4)))
+        monkeypatch.setattr(zeromq._ZmqPending, "wait", wait)
+        np.testing.assert_array_equal(read_records(client, "t", ids)[0], [-2.0] * 4)
+
+
+def test_only_the_owning_cluster_may_remap_or_stop_a_node(cluster):
+    c, client = cluster
+    ch = ZmqChannel(c.endpoints[4], zmq.Context.instance())
+    for header in ({"op": "map", "endpoints": ["not-an-endpoint"], "dead": []},
+                   {"op": "map", "endpoints": c.endpoints, "dead": [0, 1]},
+                   {"op": "shutdown"}):
+        assert ch.call(header, [], 5.0)[0]["error"] == "invalid"
+    ch.close()
+    assert all(c.state(p) == "up" for p in range(5))
+    client.get("users", np.arange(700))
