@@ -170,4 +170,4 @@ class Shard:
             self.missing_data = self.missing_parity = None
 
     def nbytes(self) -> int:
-        return self.records.nbytes + self.parity.nbytes + self.window.slot.nbytes
+        return self.records.nbytes + self.parity.nbytes + self.window.dirty.nbytes

@@ -22,7 +22,7 @@ def test_window_keeps_first_old_value_and_drains_each_row_once(writes):
     assert sorted(rows.tolist()) == sorted(first)
     for x, o in zip(rows, old):
         np.testing.assert_array_equal(o, first[int(x)])
-    assert len(w) == 0 and (w.slot == -1).all()
+    assert len(w) == 0 and not w.dirty.any()
 
 
 def test_window_cost_follows_the_rows_touched():
