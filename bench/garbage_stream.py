@@ -33,7 +33,7 @@ def garbage(rng: np.random.Generator, n: int):
             header = {"op": "write", "parts": [["t", "put"]], "id": i, "arrays": [["i8", [1]], ["f4", [1, 8]]]}
             yield [msgpack.packb(header), np.array([10**9]).tobytes(), np.full(8, np.nan, np.float32).tobytes()]
         else:
-            header = {"op": "delta", "source": "evil", "seq": int(rng.integers(-5, 5)), "upto": 0, "tables": ["t"],
+            header = {"op": "delta", "source": "evil", "seq": int(rng.integers(-5, 5)), "tables": ["t"],
                       "id": i, "arrays": [["i8", [1]], ["u1", [1, 3]]]}
             yield [msgpack.packb(header), np.array([1]).tobytes(), b"abc"]
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import secrets
 import time
+
 import numpy as np
 
 from . import validate
@@ -254,8 +255,12 @@ class Client:
         """Close every node's dirty window (all nodes at once); its parity deltas go out. Advances any rebuild."""
         self._close_windows()
         for p in self._positions():
-            if self._state(p) == "rebuilding":
-                self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, self.rebuild_budget))
+            self._rebuild_some(p, self.rebuild_budget)
+
+    def _rebuild_some(self, p, budget) -> None:
+        """If node p is rebuilding, rebuild up to `budget` of its rows (failing over if nodes die meanwhile)."""
+        if self._state(p) == "rebuilding":
+            self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, budget))
 
     def _close_windows(self, wait: bool = False) -> None:
         """Ask every node to close its window; the replies are collected by the next request
@@ -285,7 +290,11 @@ class Client:
     def settle(self, deadline: float) -> None:
         """Wait until no node has deltas in flight to a live node."""
         while True:
-            busy = [p for p in self._positions() if (self._try(p, {"op": "sync"}) or ({"unacked": 0},))[0]["unacked"]]
+            busy = []
+            for p in self._positions():
+                reply = self._try(p, {"op": "sync"})  # None: it died, and was failed over
+                if reply is not None and reply[0]["unacked"]:
+                    busy.append(p)
             if not busy:
                 return
             if time.monotonic() > deadline:
@@ -325,7 +334,7 @@ class Client:
             while self._state(p) == "rebuilding":
                 if time.monotonic() > deadline:
                     raise Error(f"node {p} is still rebuilding after {timeout} s")
-                self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, REBUILD_BUDGET))
+                self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
         dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
         if dead:
             raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")
@@ -349,11 +358,12 @@ class Client:
             self._failover(p)
         return self.cluster.state(p)
 
-    def _usable(self) -> np.ndarray:
-        return np.array([self._state(p) == "up" for p in range(self.nodes)])
+    def _states(self) -> np.ndarray:
+        """Every position's state: "up", "rebuilding" or "dead"."""
+        return np.array([self._state(p) for p in range(self.nodes)])
 
-    def _rebuilding(self) -> np.ndarray:
-        return np.array([self._state(p) == "rebuilding" for p in range(self.nodes)])
+    def _usable(self) -> np.ndarray:
+        return self._states() == "up"
 
     def _try(self, p, header):
         try:

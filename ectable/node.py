@@ -8,7 +8,7 @@ deltas (`take_outbox`) and reports their acknowledgements (`acked`).
 """
 from __future__ import annotations
 
-import itertools
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -21,7 +21,6 @@ from .layout import Layout, table_offset
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
-_incarnations = itertools.count(1)
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
@@ -48,38 +47,29 @@ class ClusterConfig:
         return dict(self.__dict__)
 
 
-class _Seen:
-    """Deltas of one source are applied in sequence order, each exactly once: `floor` is the last applied."""
-
-    def __init__(self):
-        self.floor = 0
-
-    def __contains__(self, seq):
-        return seq <= self.floor
-
-
 class Node:
     """One node's shards, dirty window, outgoing deltas and received-delta bookkeeping."""
 
-    def __init__(self, position: int, config: ClusterConfig, rebuilding: bool = False, clock=time.monotonic):
+    def __init__(self, position: int, config: ClusterConfig, rebuilding: bool = False, lazy_close: bool = False,
+                 clock=time.monotonic):
         self.position, self.config, self.clock = position, config, clock
         self.code = config.make_code()
         self.rebuilding = rebuilding
-        self.source = f"node/{position}/{next(_incarnations)}/{id(self):x}"
+        self.source = f"node/{position}/{secrets.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
         self.write_seq = 0
         self.window_opened = clock()
         self._next_seq: dict[int, int] = {}
         self.outbox: list[tuple[int, dict, list]] = []
         self.unacked: dict[tuple[int, int], int] = {}  # (target, seq) -> window number
-        self.windows: dict[int, list] = {}  # window number -> [upto, outstanding messages], oldest first
+        self.windows: dict[int, list] = {}  # window number -> [last write seq, outstanding messages], oldest first
         self.closed_windows = 0
         self.closed_upto = 0  # write seq at the last close
         self.durable_seq = 0
-        self.seen: dict[str, _Seen] = {}
-        self.applied_upto: dict[str, int] = {}
+        self.applied: dict[str, int] = {}  # source -> seq of its last delta applied (they apply in order)
+        self.fenced: set[str] = set()  # sources of nodes declared dead: their late deltas are refused
         self.rejected = 0
-        self.lazy_close = False  # step() only marks the window for closing (a node process sets this)
+        self.lazy_close = lazy_close  # step() only marks the window for closing (node processes)
         self.close_pending = False
         self.client_marks: dict[str, int] = {}  # client id -> its last write applied here
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
@@ -203,16 +193,18 @@ class Node:
         return {}, []
 
     def op_delta(self, header, arrays):
-        source, seq, upto, tables = (header.get(key) for key in ("source", "seq", "upto", "tables"))
-        if not (isinstance(source, str) and isinstance(seq, int) and isinstance(upto, int) and isinstance(tables, list)):
-            raise InvalidRequest("delta needs source, seq, upto and tables")
+        source, seq, tables = (header.get(key) for key in ("source", "seq", "tables"))
+        if not (isinstance(source, str) and isinstance(seq, int) and isinstance(tables, list)):
+            raise InvalidRequest("delta needs source, seq and tables")
         if len(set(map(str, tables))) != len(tables):
             raise InvalidRequest("a delta names a table twice")
-        seen = self.seen.setdefault(source, _Seen())
-        if seq in seen:
+        if source in self.fenced:
+            return {"error": "fenced", "message": "deltas of a node declared dead are refused"}, []
+        last = self.applied.get(source, 0)
+        if seq <= last:
             return {"ack": seq}, []  # a copy of one already applied: acknowledge it again
-        if seq != seen.floor + 1:  # an earlier one is still on its way: the sender resends this one
-            return {"error": "out_of_order", "message": f"expected delta {seen.floor + 1} of {source}, got {seq}"}, []
+        if seq != last + 1:  # an earlier one is still on its way: the sender resends this one
+            return {"error": "out_of_order", "message": f"expected delta {last + 1} of {source}, got {seq}"}, []
         self._arrays(arrays, 2 * len(tables))
         work = []
         for t, name in enumerate(tables):  # check everything before changing anything
@@ -230,8 +222,7 @@ class Node:
         self.queued_rows += sum(ids.size for _, ids, _ in work)
         if self.queued_rows > MAX_QUEUED_ROWS:
             self.apply_queued()
-        seen.floor = seq
-        self.applied_upto[source] = max(self.applied_upto.get(source, 0), upto)
+        self.applied[source] = seq
         clients = header.get("clients")
         if isinstance(clients, dict):
             self.applied_clients[source] = {c: v for c, v in clients.items() if isinstance(c, str) and isinstance(v, int)}
@@ -244,9 +235,8 @@ class Node:
             shard.apply_delta(ids, delta)
 
     def op_applied(self, header, arrays):
-        """The last write seq of `source` whose deltas were applied here."""
-        source = header.get("source")
-        return {"upto": self.applied_upto.get(source, 0), "clients": self.applied_clients.get(source, {})}, []
+        """Per client, the last write whose delta from `source` this node holds."""
+        return {"clients": self.applied_clients.get(header.get("source"), {})}, []
 
     def op_get_parity(self, header, arrays):
         shard = self._shard(header)
@@ -335,7 +325,7 @@ class Node:
         for target, (names, arrays) in parts.items():
             seq = self._next_seq.get(target, 0) + 1
             self._next_seq[target] = seq
-            header = {"op": "delta", "source": self.source, "seq": seq, "upto": self.write_seq, "tables": names,
+            header = {"op": "delta", "source": self.source, "seq": seq, "tables": names,
                       "clients": dict(self.client_marks)}
             self.outbox.append((target, header, arrays))
             self.unacked[(target, seq)] = window
@@ -354,10 +344,10 @@ class Node:
         self._advance()
 
     def _advance(self):
-        for window, (upto, outstanding) in list(self.windows.items()):
+        for window, (last, outstanding) in list(self.windows.items()):
             if outstanding:
                 break
-            self.durable_seq = upto
+            self.durable_seq = last
             del self.windows[window]
 
     def _settle(self):

@@ -97,7 +97,7 @@ class Repair:
             spec.make_optimizer().step(new, values, spec.dim)
         delta = old.view(np.uint8) ^ new.view(np.uint8)
         stripes = layout.stripe(ids)
-        usable = self.client._usable() | self.client._rebuilding()
+        usable = self.client._states() != "dead"
         lost = []
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
@@ -115,7 +115,7 @@ class Repair:
     def send_delta(self, target: int, table: str, ids, delta) -> None:
         seq = self._next_seq.get(target, 0) + 1
         self._next_seq[target] = seq
-        header = {"op": "delta", "source": self.source, "seq": seq, "upto": 0, "tables": [table]}
+        header = {"op": "delta", "source": self.source, "seq": seq, "tables": [table]}
         self.client._call(target, header, [ids, delta])
 
     # -- rebuilding a replacement ----------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import re
-import secrets
 import signal
 import sys
 import time
@@ -50,7 +49,6 @@ class NodeServer:
         self.node: Node | None = None
         self.endpoints: list[str] = []
         self.dead: set[int] = set()
-        self.fenced: set[str] = set()  # sources of dead nodes: their late deltas are refused
         self.peers: dict[int, zmq.Socket] = {}
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
         self.malformed = 0
@@ -90,9 +88,7 @@ class NodeServer:
                     raise ValueError("position or endpoints do not fit the cluster")
             except (TypeError, ValueError, KeyError) as exc:
                 return {"error": "invalid", "message": f"bad map: {exc}"}
-            self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")))
-            self.node.lazy_close = True
-            self.node.source = f"node/{position}/{os.getpid()}/{secrets.token_hex(4)}"
+            self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")), lazy_close=True)
         if self.node is None:
             return {"source": None}
         for target, endpoint in enumerate(endpoints):
@@ -101,7 +97,7 @@ class NodeServer:
                 self.node.peer_replaced(target)
         self.endpoints = endpoints
         self.dead = set(dead)
-        self.fenced |= {f for f in header.get("fenced", []) if isinstance(f, str)}
+        self.node.fenced |= {f for f in header.get("fenced", []) if isinstance(f, str)}
         for target in self.dead:
             self._drop_peer(target)
         for target in range(len(endpoints)):  # connect now, so the first window's deltas need not wait
@@ -172,8 +168,6 @@ class NodeServer:
 
     def _dispatch(self, header, arrays):
         reply = self.control(header, arrays)
-        if reply is None and header.get("op") == "delta" and header.get("source") in self.fenced:
-            reply = {"error": "fenced", "message": "deltas of a node declared dead are refused"}, []
         if reply is None:
             reply = self.node.handle(header, arrays)
         return reply

@@ -187,7 +187,7 @@ def test_deltas_apply_exactly_once_even_duplicated_and_reordered():
 
 @settings(max_examples=200)
 @given(header=st.one_of(st.none(), st.integers(), st.text(), st.dictionaries(
-    st.sampled_from(["op", "table", "source", "seq", "upto", "tables", "spec", "kind", "limit", "committed", "records", "parts"]),
+    st.sampled_from(["op", "table", "source", "seq", "clients", "tables", "spec", "kind", "limit", "committed", "records", "parts"]),
     st.one_of(st.sampled_from(["get", "get_many", "write", "delta", "restore", "create_table", "t", "step", "get_parity", "sync"]),
               st.integers(-5, 5), st.text(max_size=3), st.lists(st.sampled_from(["t", "u"]), max_size=2), st.none()))),
     arrays=st.lists(st.sampled_from([np.array([1, 2]), np.zeros((2, 3), np.float32), np.zeros((1, 12), np.uint8),
