@@ -21,19 +21,27 @@ def cmd_node(args) -> None:
         endpoints = data["nodes"]["endpoints"]
         bind = bind or endpoints[args.id]
         map_header = {"op": "map", "position": args.id, "config": data["cluster"], "endpoints": endpoints, "dead": []}
-    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, os.environ.get("ECTABLE_CONTROL_TOKEN"))
+        if "coordinator" in data:
+            map_header["coordinator"] = data["coordinator"]["endpoint"]
+    token = os.environ.get("ECTABLE_CONTROL_TOKEN") or data.get("coordinator", {}).get("token")
+    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, token)
+
+
+def cmd_coordinator(args) -> None:
+    from .coordinator import run
+    data = cluster_config.load(args.config)
+    token = os.environ.get("ECTABLE_CONTROL_TOKEN") or data.get("coordinator", {}).get("token")
+    bind = args.bind or data.get("coordinator", {}).get("endpoint") or "tcp://127.0.0.1:0"
+    run(data, bind, token, args.parent)
 
 
 def cmd_up(args) -> None:
     from .cluster import ProcessCluster
     curve = cluster_config.load(args.keys)["security"] if args.keys else None
     cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, curve=curve)
-    data = {"cluster": cluster.config.get_config(),
-            "nodes": {"endpoints": cluster.endpoints, "spares": [n.endpoint for n in cluster._idle]}}
-    if curve:
-        data["security"] = curve
-    with open(args.config, "w") as f:
-        f.write(cluster_config.dumps(data))
+    fd = os.open(args.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(cluster_config.dumps(cluster.describe()))
     print(f"ectable: {args.nodes} nodes ({args.code}, k={args.k}, r={cluster.config.r}) and {args.spares} spares are up; "
           f"wrote {args.config}. Ctrl-C stops them.", flush=True)
     stop = []
@@ -49,9 +57,13 @@ def cmd_up(args) -> None:
 def cmd_status(args) -> None:
     from .cluster import RemoteCluster
     cluster = RemoteCluster(args.config)
+    client = cluster.connect()
     try:
         while True:
-            print(render(cluster.connect().status()), flush=True)
+            text = render(client.status())
+            if args.watch and sys.stdout.isatty():
+                text = "\x1b[H\x1b[J" + text  # redraw in place
+            print(text, flush=True)
             if not args.watch:
                 return
             time.sleep(args.watch)
@@ -62,11 +74,11 @@ def cmd_status(args) -> None:
 
 
 def render(status: dict) -> str:
-    """A readable table of a client's `status()`."""
+    """A readable table of a client's `status()`, with a progress bar while a node rebuilds."""
     code = status["code"]
-    head = (f"code {code['id']}(k={code['k']}, r={code['r']})  tables {len(status['tables'])}  spares {status['spares']}  "
-            f"dirty rows {status['dirty_rows']}  parity lag {status['parity_lag_writes']} writes  "
-            f"degraded {status['degraded'] or '-'}")
+    head = (f"code {code['id']}(k={code['k']}, r={code['r']})  epoch {status.get('epoch', '-')}  "
+            f"tables {len(status['tables'])}  spares {status['spares']}  dirty rows {status['dirty_rows']}  "
+            f"parity lag {status['parity_lag_writes']} writes  degraded {status['degraded'] or '-'}")
     cols = ["node", "role", "health", "data rows", "parity rows", "dirty", "unacked", "rebuild left", "rejected", "endpoint"]
     rows = [[n.get("position"), n.get("role"), n.get("health"), n.get("data_rows", "-"), n.get("parity_rows", "-"),
              n.get("dirty_rows", "-"), n.get("unacked_deltas", "-"), n.get("rebuild_missing", "-"),
@@ -75,7 +87,23 @@ def render(status: dict) -> str:
     widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
     lines = [head, "  ".join(str(c).ljust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows]
+    for n in status["nodes"]:
+        if n.get("role") == "rebuilding":
+            lines.append(f"node {n['position']} rebuilding " + progress_bar(n["rebuild"]))
+    if status["degraded"] and not status["spares"]:
+        lines.append(f"nodes {status['degraded']} are down and no spare is left: serving degraded")
     return "\n".join(lines)
+
+
+def progress_bar(progress: dict, width: int = 30) -> str:
+    """[#####.....]  45%  12,000 / 26,000 rows  3,100 rows/s  ETA 4.5 s"""
+    done, left = progress.get("done", 0), progress.get("left", 0)
+    total = done + left
+    share = done / total if total else 1.0
+    fill = int(round(share * width))
+    eta = progress.get("eta")
+    return (f"[{'#' * fill}{'.' * (width - fill)}] {share:4.0%}  {done:,} / {total:,} rows  "
+            f"{progress.get('rate', 0.0):,.0f} rows/s  ETA {'-' if eta is None else f'{eta:.1f} s'}")
 
 
 def cmd_keygen(args) -> None:
@@ -100,6 +128,12 @@ def main(argv=None) -> None:
     p.add_argument("--bind", help="endpoint to listen on (default: from the config, else tcp://127.0.0.1:0)")
     p.add_argument("--parent", type=int, help="exit when this process dies")
     p.set_defaults(fn=cmd_node)
+    p = sub.add_parser("coordinator", help="run a cluster's coordinator (map, heartbeats, failover)")
+    p.add_argument("--config", required=True, help="cluster TOML: [cluster], [nodes] endpoints and spares, "
+                                                   "[coordinator] endpoint and token")
+    p.add_argument("--bind", help="endpoint to listen on (default: [coordinator] endpoint)")
+    p.add_argument("--parent", type=int, help="exit when this process dies")
+    p.set_defaults(fn=cmd_coordinator)
     p = sub.add_parser("up", help="start a local cluster and write its TOML")
     p.add_argument("--nodes", type=int, default=5)
     p.add_argument("--code", default="xor", choices=["none", "xor", "rs"])

@@ -130,6 +130,9 @@ class Client:
             try:
                 return attempt()
             except NotRebuilt as exc:
+                if exc.position not in (None, p):  # a survivor read for a decode was told to rebuild (by another client)
+                    self.cluster.mark_rebuilding(exc.position)
+                    continue
                 try:
                     self.repair.rebuild_rows(p, exc.table, exc.ids)
                 except NodeDown as down:
@@ -302,27 +305,34 @@ class Client:
             time.sleep(0.002)
 
     def status(self) -> dict:
-        """Nodes with their roles and health, parity lag, dirty rows and recovery progress."""
+        """Nodes with their roles and health, parity lag, dirty rows and recovery progress (rows, rate, ETA)."""
         nodes = []
         for p in range(self.nodes):
             try:
+                if self._state(p) == "dead":
+                    raise NodeDown(f"node {p} is dead")
                 node = self._call(p, {"op": "status"}, [])[0]["status"]
                 node["health"] = "up"
             except NodeDown:
                 node = {"position": p, "role": "dead", "health": "down"}
             nodes.append(node)
         live = [n for n in nodes if n["health"] == "up"]
+        rebuilding = [n for n in live if n["role"] == "rebuilding"]
+        done = sum(n["rebuild"].get("done", 0) for n in rebuilding)
+        left = sum(n["rebuild_missing"] for n in live)
+        rate = sum(n["rebuild"].get("rate", 0.0) for n in rebuilding)
         return {
             "nodes": nodes,
             "code": self.config.make_code().get_config(),
+            "epoch": self.cluster.epoch,
             "spares": self.cluster.spares_left(),
             "tables": self.tables(),
             "dirty_rows": sum(n["dirty_rows"] for n in live),
             "parity_lag_writes": sum(n["write_seq"] - n["durable_seq"] for n in live),
             "unacked_deltas": sum(n["unacked_deltas"] for n in live),
             "degraded": [n["position"] for n in nodes if n["health"] == "down"],
-            "recovery": {"rebuilding": [n["position"] for n in live if n["role"] == "rebuilding"],
-                         "rows_left": sum(n["rebuild_missing"] for n in live)},
+            "recovery": {"rebuilding": [n["position"] for n in rebuilding], "rows_done": done, "rows_left": left,
+                         "rows_per_s": rate, "eta_s": left / rate if rate else None},
         }
 
     def wait_recovered(self, timeout: float = 60.0) -> None:
@@ -388,9 +398,19 @@ class Client:
         return self._check_reply(p, *reply)
 
     def _check_reply(self, p, reply, out):
+        epoch = reply.get("epoch")
+        if isinstance(epoch, int) and epoch > self.cluster.epoch:
+            self.cluster.refresh()  # the map changed: the next _state() fails over what moved
         error = reply.get("error")
         if error == "not_rebuilt":
-            raise NotRebuilt(reply["table"], out[0])
+            exc = NotRebuilt(reply["table"], out[0])
+            exc.position = p
+            raise exc
+        if error == "not_member":  # it was declared dead while away and waits as a spare now
+            self.cluster.refresh()
+            down = NodeDown(f"node {p} no longer holds its position")
+            down.position = p
+            raise down
         if error == "invalid":
             raise InvalidRequest(reply["message"])
         if error:

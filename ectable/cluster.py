@@ -17,8 +17,8 @@ from collections import deque
 import zmq
 
 from . import config as cluster_config
-from .client import Client
-from .errors import Error, NodeDown
+from .client import DEADLINE, Client
+from .errors import Error, NodeDown, Unavailable
 from .node import ClusterConfig, Node
 from .transport import InProcessChannel, ZmqChannel
 
@@ -33,6 +33,11 @@ class ClusterMap:
         self.config = config
         self.redo_log = [deque() for _ in range(config.nodes)]  # clients' writes per position, until durable
         self._failed_over: set = set()
+
+    epoch = 0  # maps that change are kept by a coordinator (see CoordinatedMap)
+
+    def refresh(self) -> None:
+        """Re-read the map from where it is kept."""
 
     def connect(self) -> Client:
         return Client(self)
@@ -170,159 +175,208 @@ class InProcessCluster(LocalCluster):
                 return
 
 
-class _NodeProcess:
-    """One node process started by this cluster."""
+class CoordinatedMap:
+    """A cluster map kept by a coordinator process: cached here, re-read when a node's reply
+    carries a newer epoch, when a request fails, or (while waiting on a node) every second."""
+
+    def _attach(self, endpoint: str, curve: dict | None) -> None:
+        self.context = zmq.Context()
+        self.curve = curve
+        self.coordinator_endpoint = endpoint
+        self._coordinator = ZmqChannel(endpoint, self.context, curve)
+        self._channels: dict[str, ZmqChannel] = {}
+        self._rebuilding: set[str] = set()  # identities this client saw told to rebuild parity
+        self._rebuilt: set[str] = set()  # identities this client saw finish rebuilding
+        self._checked = 0.0
+        self.refresh()
+
+    @property
+    def epoch(self) -> int:
+        return self._view["epoch"]
+
+    def refresh(self) -> None:
+        """Read the map from the coordinator."""
+        self._view = self._ask({"op": "map"})
+        self._checked = time.monotonic()
+
+    def _ask(self, header: dict) -> dict:
+        try:
+            reply = self._coordinator.call(header, [], DEADLINE)[0]
+        except NodeDown:
+            raise Unavailable(f"the coordinator at {self.coordinator_endpoint} does not answer") from None
+        if "map" not in reply:
+            raise Error(f"coordinator: {reply.get('message')}")
+        return reply["map"]
+
+    def _live(self, endpoint: str) -> bool:
+        """While a request waits on `endpoint`: is it still a live member (re-reading the map each second)?"""
+        if time.monotonic() - self._checked > 1.0:
+            try:
+                self.refresh()
+            except Error:
+                pass
+        view = self._view
+        return any(e == endpoint and s != "dead" for e, s in zip(view["endpoints"], view["states"]))
+
+    def channel(self, p: int) -> ZmqChannel:
+        endpoint = self._view["endpoints"][p]
+        if endpoint not in self._channels:
+            self._channels[endpoint] = ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint))
+        return self._channels[endpoint]
+
+    def source(self, p: int) -> str | None:
+        return None if self.state(p) == "dead" else self._view["sources"][p]
+
+    def state(self, p: int) -> str:
+        state, source = self._view["states"][p], self._view["sources"][p]
+        if state == "dead":
+            return "dead"
+        if source in self._rebuilding or (state == "rebuilding" and source not in self._rebuilt):
+            return "rebuilding"
+        return "up"
+
+    def mark_dead(self, p: int) -> None:
+        """A request to p failed: the coordinator pings it and fails it over if it is silent."""
+        self._view = self._ask({"op": "suspect", "position": p, "source": self._view["sources"][p], **self._evidence(p)})
+        self._checked = time.monotonic()
+
+    def _evidence(self, p: int) -> dict:
+        return {}
+
+    def mark_rebuilding(self, p: int) -> None:
+        source = self._view["sources"][p]
+        self._rebuilding.add(source)
+        self._rebuilt.discard(source)
+
+    def rebuilt(self, p: int) -> None:
+        source = self._view["sources"][p]
+        self._rebuilding.discard(source)
+        self._rebuilt.add(source)
+
+    def replace(self, p: int) -> bool:
+        return False  # the coordinator puts spares in place
+
+    def spares_left(self) -> int:
+        return self._view["spares"]
+
+    def progress(self) -> list[dict]:
+        """Per position: rebuild progress from the nodes' last heartbeats."""
+        return self._view["progress"]
+
+    def _detach(self) -> None:
+        for channel in [*self._channels.values(), self._coordinator]:
+            channel.close()
+        self._channels.clear()
+        self.context.term()
+        self.context = None
+
+
+class _Process:
+    """A node or coordinator process started by this cluster."""
 
     def __init__(self, proc: subprocess.Popen, endpoint: str):
         self.proc, self.endpoint = proc, endpoint
-        self.source: str | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
 
-class ProcessCluster(LocalCluster):
-    """Node processes on 127.0.0.1 (`LocalCluster(..., processes=True)`), stopped on exit."""
+class ProcessCluster(CoordinatedMap, LocalCluster):
+    """Node processes and a coordinator on 127.0.0.1 (`LocalCluster(..., processes=True)`), stopped on exit."""
 
     def __init__(self, *args, curve: dict | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.curve = curve
-        self._token = secrets.token_hex(16)  # only this object may re-map or stop its nodes
-        self.context = zmq.Context()
-        self._procs: list[_NodeProcess] = []
-        self._channels: dict[int, ZmqChannel] = {}
+        LocalCluster.__init__(self, *args, **kwargs)
+        self._token = secrets.token_hex(16)  # only this cluster's coordinator may re-map or stop its nodes
+        self._procs: dict[str, _Process] = {}
+        self.context = None
+        fd, path = tempfile.mkstemp(suffix=".toml")  # mode 0600: it may hold CURVE secrets
+        os.close(fd)
         try:
-            procs = self._spawn(self.config.nodes + self._spares)
-            self._active = procs[: self.config.nodes]
-            self._idle = procs[self.config.nodes:]
-            self._dead: set[int] = set()
-            self._rebuilding: set[int] = set()
-            self._fenced: list[str] = []
-            for p in range(self.config.nodes):
-                self._assign(p, rebuilding=False)
+            self._write(path, {"security": curve} if curve else {})
+            nodes = self._spawn(["node", "--bind", "tcp://127.0.0.1:0", "--config", path], self.config.nodes + self._spares)
+            data = {"cluster": self.config.get_config(),
+                    "nodes": {"endpoints": nodes[: self.config.nodes], "spares": nodes[self.config.nodes:]}}
+            self._write(path, {**data, "security": curve} if curve else data)
+            (endpoint,) = self._spawn(["coordinator", "--config", path, "--bind", "tcp://127.0.0.1:0"], 1)
+            os.unlink(path)
+            self._attach(endpoint, curve)
+            deadline = time.monotonic() + START_TIMEOUT
+            while None in self._view["sources"]:
+                if time.monotonic() > deadline:
+                    raise Error("nodes did not take their positions in time")
+                time.sleep(0.02)
+                self.refresh()
         except BaseException:
             self.close()
             raise
-
-    def _spawn(self, count: int) -> list[_NodeProcess]:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", ECTABLE_CONTROL_TOKEN=self._token)
-        args = [sys.executable, "-m", "ectable", "node", "--bind", "tcp://127.0.0.1:0", "--parent", str(os.getpid())]
-        if self.curve:
-            self._keyfile = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-            self._keyfile.write(cluster_config.dumps({"security": self.curve}))
-            self._keyfile.close()
-            args += ["--config", self._keyfile.name]
-        started = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env, text=True) for _ in range(count)]
-        for proc in started:
-            self._procs.append(_NodeProcess(proc, ""))
-        deadline = time.monotonic() + START_TIMEOUT
-        for node in self._procs[-count:]:
-            line = _read_line(node.proc, deadline)
-            if not line.startswith("READY "):
-                raise Error(f"node process {node.proc.pid} failed to start: {line!r}")
-            node.endpoint = line.split()[1]
-        return self._procs[-count:]
-
-    def _map(self) -> dict:
-        return {"op": "map", "token": self._token, "config": self.config.get_config(), "endpoints": [n.endpoint for n in self._active],
-                "dead": sorted(self._dead), "fenced": self._fenced}
-
-    def _assign(self, p: int, rebuilding: bool) -> None:
-        node = self._active[p]
-        reply, _ = self._control(node, {**self._map(), "position": p, "rebuilding": rebuilding})
-        node.source = reply["source"]
-        if rebuilding:
-            self._rebuilding.add(p)
-
-    def _control(self, node: _NodeProcess, header: dict):
-        channel = ZmqChannel(node.endpoint, self.context, self.curve, node.alive)
-        try:
-            reply = channel.call(header, [], 10.0)
         finally:
-            channel.close()
-        if reply[0].get("error"):
-            raise Error(f"node {node.endpoint}: {reply[0]}")
-        return reply
+            if os.path.exists(path):
+                os.unlink(path)
 
-    def _broadcast(self) -> None:
-        header = self._map()
-        for p, node in enumerate(self._active):
-            if p not in self._dead and node.alive():
-                try:
-                    self._control(node, header)
-                except NodeDown:
-                    pass
+    @staticmethod
+    def _write(path: str, data: dict) -> None:
+        with open(path, "w") as f:
+            f.write(cluster_config.dumps(data))
 
-    # -- the map -----------------------------------------------------------
-    def channel(self, p: int) -> ZmqChannel:
-        node = self._active[p]
-        key = id(node)
-        if key not in self._channels:
-            self._channels[key] = ZmqChannel(node.endpoint, self.context, self.curve, node.alive)
-        return self._channels[key]
+    def _spawn(self, command: list[str], count: int) -> list[str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", ECTABLE_CONTROL_TOKEN=self._token)
+        args = [sys.executable, "-m", "ectable", *command, "--parent", str(os.getpid())]
+        started = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env, text=True) for _ in range(count)]
+        deadline = time.monotonic() + START_TIMEOUT
+        endpoints = []
+        for proc in started:
+            line = _read_line(proc, deadline)
+            if not line.startswith("READY "):
+                _stop(proc)
+                raise Error(f"{command[0]} process {proc.pid} failed to start: {line!r}")
+            endpoints.append(line.split()[1])
+            self._procs[endpoints[-1]] = _Process(proc, endpoints[-1])
+        return endpoints
 
-    def source(self, p: int) -> str | None:
-        return None if self.state(p) == "dead" else self._active[p].source
+    def _live(self, endpoint: str) -> bool:
+        return self._procs[endpoint].alive()  # this process started it: it knows at once
 
     def state(self, p: int) -> str:
-        if p not in self._dead and not self._active[p].alive():
+        if self._view["states"][p] != "dead" and not self._procs[self._view["endpoints"][p]].alive():
             self.mark_dead(p)
-        return "dead" if p in self._dead else "rebuilding" if p in self._rebuilding else "up"
+        return super().state(p)
 
-    def mark_dead(self, p: int) -> None:
-        if p in self._dead:
-            return
-        self._dead.add(p)
-        self._rebuilding.discard(p)
-        self._fenced.append(self._active[p].source)
-        _stop(self._active[p].proc)
-        self._broadcast()
+    def _evidence(self, p: int) -> dict:
+        """The process at p is gone (this cluster is its parent): the coordinator need not ping it."""
+        dead = not self._procs[self._view["endpoints"][p]].alive()
+        return {"token": self._token, "exited": True} if dead else {}
 
-    def replace(self, p: int) -> bool:
-        if not self._idle or p not in self._dead:
-            return False
-        self._spares -= 1
-        self._active[p] = self._idle.pop(0)
-        self._dead.discard(p)
-        self._assign(p, rebuilding=True)
-        self._broadcast()
-        return True
-
-    def rebuilt(self, p: int) -> None:
-        self._rebuilding.discard(p)
-
-    def mark_rebuilding(self, p: int) -> None:
-        self._rebuilding.add(p)
+    def describe(self) -> dict:
+        """The cluster's TOML contents for `ectable.connect` (no control token)."""
+        data = {"cluster": self.config.get_config(), "coordinator": {"endpoint": self.coordinator_endpoint},
+                "nodes": {"endpoints": self.endpoints}}
+        if self.curve:
+            data["security"] = self.curve
+        return data
 
     # -- processes ---------------------------------------------------------
     def kill(self, i: int) -> None:
         """SIGKILL the process of active node i (the cluster notices on its next use)."""
-        self._active[i].proc.kill()
-        self._active[i].proc.wait(10)
+        proc = self._procs[self._view["endpoints"][i]].proc
+        proc.kill()
+        proc.wait(10)
 
     def node_pids(self) -> list[int]:
-        return [n.proc.pid for n in self._active]
+        return [self._procs[e].proc.pid for e in self._view["endpoints"]]
 
     @property
     def endpoints(self) -> list[str]:
-        return [n.endpoint for n in self._active]
+        return list(self._view["endpoints"])
 
     def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
-        for node in self._procs:
+        if self.context is not None:
+            self._detach()
+        for node in self._procs.values():
             _stop(node.proc)
-        self._procs = []
-        keyfile = getattr(self, "_keyfile", None)
-        if keyfile is not None and os.path.exists(keyfile.name):
-            os.unlink(keyfile.name)
-        if getattr(self, "context", None) is not None:
-            self.context.term()
-            self.context = None
+        self._procs = {}
 
     def __del__(self):
-        if self._procs:
+        if getattr(self, "_procs", None):
             self.close()
 
 
@@ -350,57 +404,23 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.stdout.close()
 
 
-class RemoteCluster(ClusterMap):
-    """Nodes started elsewhere, named by a cluster TOML file (`ectable.connect`)."""
+class RemoteCluster(CoordinatedMap, ClusterMap):
+    """A cluster started elsewhere, named by a TOML file with its coordinator (`ectable.connect`)."""
 
     def __init__(self, path: str):
         data = cluster_config.load(path)
-        super().__init__(ClusterConfig(**data["cluster"]))
-        self.endpoints = data["nodes"]["endpoints"]
-        self.spare_endpoints = data["nodes"].get("spares", [])
-        self.curve = data.get("security")
-        self.context = zmq.Context()
-        self._channels = [ZmqChannel(e, self.context, self.curve) for e in self.endpoints]
-        self._dead: set[int] = set()
-        self._rebuilding: set[int] = set()
-        self._sources = {}
+        if "coordinator" not in data:
+            raise Error(f"{path} names no [coordinator] endpoint")
+        self._attach(data["coordinator"]["endpoint"], data.get("security"))
+        ClusterMap.__init__(self, ClusterConfig(**self._view["config"]))
 
-    def channel(self, p):
-        return self._channels[p]
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._view["endpoints"])
 
-    def source(self, p):
-        if p in self._dead:
-            return None
-        if p not in self._sources:
-            try:
-                self._sources[p] = self._channels[p].call({"op": "status"}, [], 5.0)[0]["status"]["source"]
-            except (NodeDown, KeyError, TypeError):
-                self.mark_dead(p)
-                return None
-        return self._sources[p]
-
-    def state(self, p):
-        return "dead" if self.source(p) is None else "rebuilding" if p in self._rebuilding else "up"
-
-    def mark_dead(self, p):
-        self._dead.add(p)
-
-    def mark_rebuilding(self, p):
-        self._rebuilding.add(p)
-
-    def rebuilt(self, p):
-        self._rebuilding.discard(p)
-
-    def replace(self, p):
-        return False
-
-    def spares_left(self):
-        return len(self.spare_endpoints)  # listed for operators; replacing onto them is the coordinator's job
-
-    def close(self):
-        for channel in self._channels:
-            channel.close()
-        self.context.term()
+    def close(self) -> None:
+        if self.context is not None:
+            self._detach()
 
 
 def connect(path: str) -> Client:

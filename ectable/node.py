@@ -55,6 +55,8 @@ class Node:
         self.position, self.config, self.clock = position, config, clock
         self.code = config.make_code()
         self.rebuilding = rebuilding
+        self.rebuild_since = clock() if rebuilding else None
+        self.rebuilt_rows = 0  # data and parity rows restored since rebuilding began
         self.source = f"node/{position}/{secrets.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
         self.write_seq = 0
@@ -250,6 +252,7 @@ class Node:
         keys, values = self._arrays(arrays, 2)
         if shard.missing_data is None:
             return {}, []
+        before = shard.missing_count()
         if header.get("kind") == "parity":
             keys = validate.ids(shard.spec.name, keys, shard.layout.num_stripes)
             if values.dtype != np.uint8 or values.shape != (keys.size, shard.width * 4):
@@ -262,6 +265,7 @@ class Node:
             if np.any(shard.layout.data_node(keys) != self.position):
                 raise InvalidRequest(f"table {shard.spec.name!r}: rows do not live on node {self.position}")
             shard.restore(keys, values)
+        self.rebuilt_rows += before - shard.missing_count()
         self._settle()
         return {}, []
 
@@ -271,7 +275,8 @@ class Node:
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
         shard.invalidate(stripes)
-        self.rebuilding = True
+        if not self.rebuilding:
+            self.rebuilding, self.rebuild_since, self.rebuilt_rows = True, self.clock(), 0
         return {}, []
 
     def op_missing(self, header, arrays):
@@ -354,6 +359,13 @@ class Node:
         if self.rebuilding and all(s.missing_data is None for s in self.shards.values()):
             self.rebuilding = False
 
+    def rebuild_progress(self) -> dict:
+        """Rows rebuilt and left, the rate since rebuilding began (rows/s), and the time left at that rate."""
+        left = sum(s.missing_count() for s in self.shards.values())
+        elapsed = self.clock() - self.rebuild_since if self.rebuild_since is not None else 0.0
+        rate = self.rebuilt_rows / elapsed if elapsed > 0 else 0.0
+        return {"done": self.rebuilt_rows, "left": left, "rate": rate, "eta": left / rate if rate else None}
+
     def status(self) -> dict:
         shards = self.shards.values()
         return {
@@ -368,6 +380,7 @@ class Node:
             "write_seq": self.write_seq,
             "durable_seq": self.durable_seq,
             "rebuild_missing": sum(s.missing_count() for s in shards),
+            "rebuild": self.rebuild_progress() if self.rebuilding else {},
             "rejected": self.rejected,
             "bytes": sum(s.nbytes() for s in shards),
         }

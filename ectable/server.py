@@ -17,9 +17,10 @@ import time
 
 import zmq
 
+from .coordinator import HEARTBEAT
 from .node import ClusterConfig, Node
 from .transport import codec
-from .transport.zeromq import make_socket
+from .transport.zeromq import make_socket, start_authenticator
 
 _ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
@@ -33,12 +34,7 @@ class NodeServer:
     def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None, token: str | None = None):
         self.context = zmq.Context()
         self.curve, self.parent, self.token = curve, parent, token
-        self.auth = None
-        if curve:
-            from zmq.auth.thread import ThreadAuthenticator
-            self.auth = ThreadAuthenticator(self.context)
-            self.auth.start()
-            self.auth.configure_curve_callback("*", credentials_provider=_Allowed(curve.get("allowed", [])))
+        self.auth = start_authenticator(self.context, curve)
         self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
         if bind.endswith(":0"):
             port = self.router.bind_to_random_port(bind.rsplit(":", 1)[0])
@@ -47,6 +43,9 @@ class NodeServer:
             self.router.bind(bind)
             self.endpoint = bind
         self.node: Node | None = None
+        self.epoch = 0  # of the last map taken
+        self.coordinator: zmq.Socket | None = None  # heartbeats go there, once a map names it
+        self.next_beat = 0.0
         self.endpoints: list[str] = []
         self.dead: set[int] = set()
         self.peers: dict[int, zmq.Socket] = {}
@@ -70,16 +69,25 @@ class NodeServer:
             self.running = False
             return {}, []
         if self.node is None:
-            return {"error": "invalid", "message": "this node has no position yet (a spare)"}, []
+            return {"error": "not_member", "message": "this node holds no position (a spare)"}, []
         return None
 
     def apply_map(self, header: dict) -> dict:
-        """Take a position (once), learn peers' endpoints and which positions are dead."""
+        """Take a position (once), learn the coordinator, peers' endpoints and which positions are dead."""
         endpoints, dead = header.get("endpoints"), header.get("dead", [])
+        coordinator = header.get("coordinator")
         if not (isinstance(endpoints, list) and all(isinstance(e, str) and _ENDPOINT.match(e) for e in endpoints)
                 and isinstance(dead, list) and all(isinstance(d, int) and 0 <= d < len(endpoints) for d in dead)
                 and (self.node is None or len(endpoints) == self.node.config.nodes)):
             return {"error": "invalid", "message": "map needs tcp://host:port endpoints, one per node, and dead positions"}
+        if coordinator is not None and not (isinstance(coordinator, str) and _ENDPOINT.match(coordinator)):
+            return {"error": "invalid", "message": "map names a bad coordinator endpoint"}
+        if isinstance(header.get("epoch"), int):
+            self.epoch = max(self.epoch, header["epoch"])
+        if coordinator is not None and self.coordinator is None:
+            self.coordinator = make_socket(self.context, zmq.DEALER, self.curve)
+            self.coordinator.connect(coordinator)
+            self.poller.register(self.coordinator, zmq.POLLIN)
         if self.node is None and header.get("position") is not None:
             try:
                 config = ClusterConfig(**header["config"])
@@ -104,6 +112,40 @@ class NodeServer:
             if target != self.node.position and target not in self.dead:
                 self._peer(target)
         return {"source": self.node.source}
+
+    def heartbeat(self) -> None:
+        """Tell the coordinator this node is alive (and how its rebuild goes); hear if it was fenced."""
+        now = time.monotonic()
+        if self.coordinator is None:
+            return
+        while True:
+            try:
+                header, _ = codec.decode(self.coordinator.recv_multipart(flags=zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                break
+            except codec.Malformed:
+                continue
+            if header.get("fenced") and self.node is not None:
+                self.leave()
+        if now < self.next_beat:
+            return
+        self.next_beat = now + HEARTBEAT
+        node = self.node
+        beat = {"op": "heartbeat", "endpoint": self.endpoint, "source": node and node.source,
+                "position": node and node.position, "rebuilding": bool(node and node.rebuilding),
+                "progress": node.rebuild_progress() if node is not None and node.rebuilding else {}}
+        try:
+            self.coordinator.send_multipart(codec.encode(beat, []), flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # not connected yet, or the queue is full: the next beat tries again
+
+    def leave(self) -> None:
+        """This node was declared dead while it was away: drop everything and wait as a spare."""
+        for target in list(self.peers):
+            self._drop_peer(target)
+        self.inflight.clear()
+        self.node = None
+        self.endpoints, self.dead = [], set()
 
     def _drop_peer(self, target: int) -> None:
         """Deltas to `target` are moot (it died, or a replacement rebuilds its parity from data)."""
@@ -133,6 +175,7 @@ class NodeServer:
                     self.read_acks(target, sock)
             self.send_outbox()
             self.resend()
+            self.heartbeat()
             if busy and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
                     self.node.close_window()
@@ -162,7 +205,7 @@ class NodeServer:
             out_header["status"]["malformed"] = self.malformed
             out_header["status"]["endpoint"] = self.endpoint
         try:
-            self._reply(identity, {**out_header, "id": rid}, out_arrays)
+            self._reply(identity, {**out_header, "id": rid, "epoch": self.epoch}, out_arrays)
         except (TypeError, ValueError):
             self._reply(identity, {"error": "internal", "message": "reply not encodable"}, [])
 
@@ -234,24 +277,15 @@ class NodeServer:
     def close(self) -> None:
         for sock in self.peers.values():
             sock.close(0)
+        if self.coordinator is not None:
+            self.coordinator.close(0)
         self.router.close(0)
         if self.auth is not None:
             self.auth.stop()
         self.context.term()
 
 
-class _Allowed:
-    """CURVE credentials: only the listed client public keys may connect."""
-
-    def __init__(self, keys):
-        self.keys = {k.encode() if isinstance(k, str) else k for k in keys}
-
-    def callback(self, domain, key):
-        from zmq.utils import z85
-        return z85.encode(key) in self.keys or key in self.keys
-
-
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
     try:
         import ctypes
@@ -266,7 +300,7 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
         token: str | None = None) -> None:
     """Serve until told to shut down; prints `READY <endpoint>` once listening."""
     if parent:
-        _die_with_parent(parent)
+        die_with_parent(parent)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where the node is
     server = NodeServer(bind, curve, parent, token)

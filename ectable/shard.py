@@ -16,6 +16,8 @@ INIT_CHUNK = 1 << 16  # stripes encoded per pass when a shard initialises its pa
 class NotRebuilt(Error):
     """Rows of a rebuilding shard were touched before their rebuild."""
 
+    position = None  # the node that said so, once a client read its reply
+
     def __init__(self, table: str, ids: np.ndarray):
         super().__init__(f"table {table!r}: {ids.size} rows not rebuilt yet")
         self.table, self.ids = table, ids

@@ -152,9 +152,11 @@ def test_status_reports_roles_lag_and_recovery(cluster):
     client.get("items", np.arange(1000))  # touches node 3: fail over to the spare
     st = client.status()
     assert st["nodes"][3]["role"] == "rebuilding" and st["recovery"]["rebuilding"] == [3] and st["spares"] == 0
+    progress = st["nodes"][3]["rebuild"]
+    assert progress["left"] == st["recovery"]["rows_left"] > 0 and progress["done"] >= 0
     client.wait_recovered(timeout=60)
     st = client.status()
-    assert st["recovery"] == {"rebuilding": [], "rows_left": 0} and st["degraded"] == []
+    assert st["recovery"]["rebuilding"] == [] and st["recovery"]["rows_left"] == 0 and st["degraded"] == []
 
 
 def test_deltas_apply_exactly_once_even_duplicated_and_reordered():

@@ -142,7 +142,7 @@ def test_concurrent_client_processes(tmp_path):
         client = c.connect()
         client.create_table("t", num_rows=4000, dim=8, optimizer="sgd", lr=0.5, init="zeros")
         toml = tmp_path / "cluster.toml"
-        toml.write_text(ectable.config.dumps({"cluster": c.config.get_config(), "nodes": {"endpoints": c.endpoints}}))
+        toml.write_text(ectable.config.dumps(c.describe()))
         script = ("import sys, numpy as np, ectable\n"
                   "cl = ectable.connect(sys.argv[1]); w = int(sys.argv[2])\n"
                   "for s in range(20):\n"
@@ -194,13 +194,14 @@ def test_curve_refuses_unauthenticated_clients(tmp_path):
         client.create_table("t", num_rows=10, dim=2, init="zeros")
         client.put("t", [1], np.ones((1, 2)))
         np.testing.assert_array_equal(client.get("t", [1]), np.ones((1, 2)))
-        plain = ZmqChannel(c.endpoints[0], zmq.Context.instance())
+        plain = ZmqChannel(c.endpoints[0], zmq.Context.instance(), connect_timeout=2.0)
         with pytest.raises(ectable.NodeDown):
             plain.call({"op": "get", "table": "t"}, [np.array([1])], 2.0)
         plain.close()
         other_public, other_secret = zmq.curve_keypair()
         stranger = ZmqChannel(c.endpoints[0], zmq.Context.instance(),
-                              {**curve, "client_public": other_public.decode(), "client_secret": other_secret.decode()})
+                              {**curve, "client_public": other_public.decode(), "client_secret": other_secret.decode()},
+                              connect_timeout=2.0)
         with pytest.raises(ectable.NodeDown):
             stranger.call({"op": "status"}, [], 2.0)
         stranger.close()
@@ -234,20 +235,33 @@ def free_ports(n):
 
 
 def test_nodes_started_from_a_config_file(tmp_path):
+    """Nodes and a coordinator started by hand from one TOML, in any order; a node that dies is failed over."""
     toml = tmp_path / "cluster.toml"
-    endpoints = [f"tcp://127.0.0.1:{p}" for p in free_ports(4)]
+    *endpoints, coordinator = [f"tcp://127.0.0.1:{p}" for p in free_ports(5)]
     config = {"nodes": 4, "code": "rs", "k": 2, "r": 2, "window_rows": 1 << 20, "window_seconds": 5.0}
-    toml.write_text(ectable.config.dumps({"cluster": config, "nodes": {"endpoints": endpoints}}))
-    procs = [subprocess.Popen([sys.executable, "-m", "ectable", "node", "--config", str(toml), "--id", str(i),
-                               "--parent", str(os.getpid())], stdout=subprocess.PIPE, text=True) for i in range(4)]
+    toml.write_text(ectable.config.dumps({"cluster": config, "nodes": {"endpoints": endpoints},
+                                          "coordinator": {"endpoint": coordinator, "token": "t0ken"}}))
+    run = [sys.executable, "-m", "ectable"]
+    procs = [subprocess.Popen([*run, "coordinator", "--config", str(toml), "--parent", str(os.getpid())],
+                              stdout=subprocess.PIPE, text=True)]
+    procs += [subprocess.Popen([*run, "node", "--config", str(toml), "--id", str(i), "--parent", str(os.getpid())],
+                               stdout=subprocess.PIPE, text=True) for i in range(4)]
     try:
-        assert [p.stdout.readline().split()[1] for p in procs] == endpoints
+        assert [p.stdout.readline().split()[1] for p in procs] == [coordinator, *endpoints]
         client = ectable.connect(str(toml))
+        deadline = time.monotonic() + 30
+        while None in client.cluster._view["sources"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+            client.cluster.refresh()
         client.create_table("t", num_rows=50, dim=3, optimizer="adagrad")
         client.apply_gradient("t", [1, 2, 2, 49], np.ones((4, 3)))
         client.flush()
         check_parity(client.cluster, client)
         assert client.status()["nodes"][3]["endpoint"] == endpoints[3]
+        before = client.get("t", np.arange(50))
+        procs[2].kill()  # node 1: no spare, so the cluster serves it degraded
+        np.testing.assert_array_equal(client.get("t", np.arange(50)), before)
+        assert client.status()["degraded"] == [1]
         client.close()
     finally:
         for p in procs:

@@ -40,11 +40,35 @@ def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, serv
     return sock
 
 
+def start_authenticator(context: zmq.Context, curve: dict | None):
+    """With CURVE keys: a ZAP handler admitting only the listed client keys (None without keys)."""
+    if not curve:
+        return None
+    from zmq.auth.thread import ThreadAuthenticator
+    auth = ThreadAuthenticator(context)
+    auth.start()
+    auth.configure_curve_callback("*", credentials_provider=_Allowed(curve.get("allowed", [])))
+    return auth
+
+
+class _Allowed:
+    """CURVE credentials: only the listed client public keys may connect."""
+
+    def __init__(self, keys):
+        self.keys = {k.encode() if isinstance(k, str) else k for k in keys}
+
+    def callback(self, domain, key):
+        from zmq.utils import z85
+        return z85.encode(key) in self.keys or key in self.keys
+
+
 class ZmqChannel(Channel):
     """Requests to the node at `endpoint`; `alive()` (optional) lets a wait end early when the node died."""
 
-    def __init__(self, endpoint: str, context: zmq.Context, curve: dict | None = None, alive: Callable | None = None):
+    def __init__(self, endpoint: str, context: zmq.Context, curve: dict | None = None, alive: Callable | None = None,
+                 connect_timeout: float = 5.0):
         self.endpoint, self._context, self._curve, self._alive = endpoint, context, curve, alive
+        self.connect_timeout = connect_timeout
         self._ids = itertools.count(1)
         self._replies: dict[int, tuple] = {}
         self._sock = None
@@ -58,7 +82,7 @@ class ZmqChannel(Channel):
     def start(self, header, arrays):
         rid = next(self._ids)
         frames = codec.encode({**header, "id": rid}, arrays)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + self.connect_timeout
         while True:
             try:
                 self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=False)

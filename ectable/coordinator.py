@@ -1,0 +1,270 @@
+"""The coordinator: owns the cluster map and its epoch, hears heartbeats, fails nodes over onto spares.
+
+One small process per cluster (`ectable coordinator`, started by `LocalCluster` and
+`ectable up`). Nodes send it a heartbeat every `HEARTBEAT` seconds; a node silent for
+`DEAD_AFTER` seconds, or one a client suspects and that does not answer a ping, is
+declared dead: the epoch goes up, its identity is fenced (peers refuse its late deltas,
+and if it comes back it is told so and starts over as a spare), and a live spare is
+given its position, its tables, and the job of being rebuilt. Every change is pushed
+to the nodes before any client can read it, and nodes stamp the epoch on their replies,
+so clients notice a new map on their next request.
+
+`Membership` is the map and its rules (no I/O); `CoordinatorServer` does the talking.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import zmq
+
+from .errors import Error, NodeDown
+from .node import ClusterConfig
+from .transport import ZmqChannel, codec
+from .transport.zeromq import make_socket, start_authenticator
+
+HEARTBEAT = 0.5  # seconds between a node's heartbeats
+DEAD_AFTER = 3.0  # a node silent this long is declared dead
+CONTROL_TIMEOUT = 2.0  # a control call to a node (map, tables, ping)
+
+
+class Membership:
+    """Who holds each position (endpoint, identity, state), the spares, the fenced identities, the epoch."""
+
+    def __init__(self, config: ClusterConfig, endpoints: list[str], spares: list[str], clock=time.monotonic):
+        self.config, self.clock = config, clock
+        self.epoch = 1
+        self.endpoints = list(endpoints)
+        self.sources: list[str | None] = [None] * len(endpoints)  # known once the node took its position
+        self.states = ["up"] * len(endpoints)  # up | rebuilding | dead
+        self.progress: list[dict] = [{} for _ in endpoints]  # from heartbeats: rebuild rows done, left, rate
+        self.spares = list(spares)
+        self.fenced: list[str] = []
+        now = clock()
+        self.beats = {e: now for e in [*endpoints, *spares]}  # a grace period from the start
+
+    def view(self) -> dict:
+        """The map as clients and nodes read it."""
+        return {"epoch": self.epoch, "config": self.config.get_config(), "endpoints": self.endpoints,
+                "sources": self.sources, "states": self.states, "progress": self.progress,
+                "spares": len(self.spares), "fenced": self.fenced}
+
+    def heartbeat(self, beat: dict) -> dict:
+        """A node is alive; a node declared dead is told it is fenced (it starts over as a spare)."""
+        endpoint, source, position = beat.get("endpoint"), beat.get("source"), beat.get("position")
+        if not isinstance(endpoint, str):
+            return {"error": "invalid", "message": "heartbeat needs the node's endpoint"}
+        if source in self.fenced:
+            return {"epoch": self.epoch, "fenced": True}
+        if isinstance(position, int) and 0 <= position < len(self.endpoints) and self.endpoints[position] == endpoint \
+                and self.states[position] != "dead" and self.sources[position] in (None, source):
+            self.beats[endpoint] = self.clock()
+            self.sources[position] = source
+            state = "rebuilding" if beat.get("rebuilding") else "up"
+            if state != self.states[position]:
+                self.states[position] = state
+                self.epoch += 1
+            self.progress[position] = beat.get("progress") if isinstance(beat.get("progress"), dict) else {}
+        elif position is None and endpoint not in [e for e, s in zip(self.endpoints, self.states) if s != "dead"]:
+            if endpoint not in self.spares:
+                self.spares.append(endpoint)
+            self.beats[endpoint] = self.clock()
+        return {"epoch": self.epoch, "fenced": False}
+
+    def silent(self) -> list[int]:
+        """Live positions whose node missed its heartbeats for DEAD_AFTER seconds."""
+        now = self.clock()
+        return [p for p, e in enumerate(self.endpoints)
+                if self.states[p] != "dead" and now - self.beats.get(e, now) > DEAD_AFTER]
+
+    def declare_dead(self, p: int) -> None:
+        if self.states[p] == "dead":
+            return
+        self.states[p] = "dead"
+        self.progress[p] = {}
+        if self.sources[p] is not None:
+            self.fenced.append(self.sources[p])
+        self.epoch += 1
+
+    def take_spare(self) -> str | None:
+        """A spare that beat recently (dead spares are dropped), or None."""
+        now = self.clock()
+        while self.spares:
+            endpoint = self.spares.pop(0)
+            if now - self.beats.get(endpoint, 0.0) <= DEAD_AFTER:
+                return endpoint
+        return None
+
+    def install(self, p: int, endpoint: str, source: str) -> None:
+        """A spare took dead position p; it is rebuilding."""
+        self.endpoints[p], self.sources[p], self.states[p] = endpoint, source, "rebuilding"
+        self.beats[endpoint] = self.clock()
+        self.epoch += 1
+
+
+class CoordinatorServer:
+    """The coordinator's sockets: a ROUTER for heartbeats and clients, a channel per node for control."""
+
+    def __init__(self, membership: Membership, bind: str, token: str | None, curve: dict | None = None,
+                 parent: int | None = None):
+        self.members, self.token, self.curve, self.parent = membership, token, curve, parent
+        self.context = zmq.Context()
+        self.auth = start_authenticator(self.context, curve)
+        self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
+        if bind.endswith(":0"):
+            host = bind.rsplit(":", 1)[0]
+            self.endpoint = f"{host}:{self.router.bind_to_random_port(host)}"
+        else:
+            self.router.bind(bind)
+            self.endpoint = bind
+        self.channels: dict[str, ZmqChannel] = {}
+        self.running = True
+
+    # -- talking to nodes --------------------------------------------------
+    def _control(self, endpoint: str, header: dict, arrays=()) -> tuple[dict, list]:
+        channel = self.channels.get(endpoint)
+        if channel is None:
+            channel = self.channels[endpoint] = ZmqChannel(endpoint, self.context, self.curve,
+                                                           connect_timeout=CONTROL_TIMEOUT)
+        reply = channel.call(header, list(arrays), CONTROL_TIMEOUT)
+        if reply[0].get("error"):
+            raise Error(f"node {endpoint}: {reply[0].get('message')}")
+        return reply
+
+    def _map_header(self, **extra) -> dict:
+        m = self.members
+        return {"op": "map", "token": self.token, "config": m.config.get_config(), "endpoints": m.endpoints,
+                "dead": [p for p, s in enumerate(m.states) if s == "dead"], "fenced": m.fenced,
+                "epoch": m.epoch, "coordinator": self.endpoint, **extra}
+
+    def assign(self) -> None:
+        """Give every node without a known identity its position (nodes may start after us)."""
+        m = self.members
+        for p, endpoint in enumerate(m.endpoints):
+            if m.sources[p] is None and m.states[p] != "dead":
+                try:
+                    m.sources[p] = self._control(endpoint, self._map_header(position=p))[0]["source"]
+                except (NodeDown, Error):
+                    continue
+        for endpoint in m.spares:
+            try:
+                self._control(endpoint, self._map_header())
+            except (NodeDown, Error):
+                pass
+
+    def broadcast(self) -> None:
+        header = self._map_header()
+        for p, endpoint in enumerate(self.members.endpoints):
+            if self.members.states[p] != "dead":
+                try:
+                    self._control(endpoint, header)
+                except (NodeDown, Error):
+                    pass  # its heartbeats will tell
+
+    def fail(self, p: int) -> None:
+        """Declare position p dead, fence it everywhere, then put a spare in its place if one is left."""
+        m = self.members
+        m.declare_dead(p)
+        self.broadcast()  # fenced on every survivor before any client sees the new epoch
+        while True:
+            spare = m.take_spare()
+            if spare is None:
+                return
+            try:
+                tables = self._tables()
+                source = self._control(spare, self._map_header(position=p, rebuilding=True))[0]["source"]
+                for spec in tables:
+                    self._control(spare, {"op": "create_table", "spec": spec})
+            except (NodeDown, Error):
+                continue  # that spare is gone too: try the next
+            m.install(p, spare, source)
+            self.broadcast()
+            return
+
+    def _tables(self) -> list:
+        m = self.members
+        for p, endpoint in enumerate(m.endpoints):
+            if m.states[p] == "up":
+                try:
+                    return self._control(endpoint, {"op": "tables"})[0]["tables"]
+                except (NodeDown, Error):
+                    continue
+        return []
+
+    # -- requests ----------------------------------------------------------
+    def handle(self, header: dict) -> dict:
+        op = header.get("op")
+        m = self.members
+        if op == "heartbeat":
+            return m.heartbeat(header)
+        if op == "map":
+            return {"map": m.view()}
+        if op == "suspect":  # a client's request to p failed: ping it, and fail it over if it is silent
+            p, source = header.get("position"), header.get("source")
+            if isinstance(p, int) and 0 <= p < len(m.endpoints) and m.states[p] != "dead" and m.sources[p] == source:
+                if header.get("exited") and self.token is not None and header.get("token") == self.token:
+                    self.fail(p)  # the process that started it saw it exit
+                    return {"map": m.view()}
+                try:
+                    self._control(m.endpoints[p], {"op": "ping"})
+                except (NodeDown, Error):
+                    self.fail(p)
+            return {"map": m.view()}
+        if op == "shutdown" and self.token is not None and header.get("token") == self.token:
+            self.running = False
+            return {}
+        return {"error": "invalid", "message": f"unknown or unauthorised op {op!r}"}
+
+    def serve(self) -> None:
+        next_assign = 0.0
+        while self.running:
+            if self.router.poll(int(HEARTBEAT / 5 * 1000)):
+                while True:  # drain first, so queued heartbeats count before anyone is judged silent
+                    try:
+                        frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._answer(frames)
+            if time.monotonic() > next_assign and None in self.members.sources:
+                self.assign()
+                next_assign = time.monotonic() + HEARTBEAT
+            for p in self.members.silent():
+                self.fail(p)
+            if self.parent and os.getppid() != self.parent:
+                break
+        self.close()
+
+    def _answer(self, frames) -> None:
+        identity = frames[0]
+        try:
+            header, _ = codec.decode(frames[1:])
+            reply = self.handle(header) if isinstance(header, dict) else {"error": "invalid", "message": "bad header"}
+        except Exception as exc:  # never die of input
+            header, reply = {}, {"error": "malformed", "message": str(exc)}
+        try:
+            self.router.send_multipart([identity, *codec.encode({**reply, "id": header.get("id")}, [])],
+                                       flags=zmq.NOBLOCK)
+        except (zmq.ZMQError, TypeError, ValueError):
+            pass
+
+    def close(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+        self.router.close(0)
+        if self.auth is not None:
+            self.auth.stop()
+        self.context.term()
+
+
+def run(data: dict, bind: str, token: str | None, parent: int | None = None) -> None:
+    """Serve the cluster described by a TOML dict; prints `READY <endpoint>` once listening."""
+    if parent:
+        from .server import die_with_parent
+        die_with_parent(parent)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    members = Membership(ClusterConfig(**data["cluster"]), data["nodes"]["endpoints"], data["nodes"].get("spares", []))
+    server = CoordinatorServer(members, bind, token, data.get("security"), parent)
+    print(f"READY {server.endpoint}", flush=True)
+    server.serve()
