@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from . import validate
-from .errors import Error, InvalidRequest, NodeDown, Unavailable
+from .errors import Error, InvalidRequest, NodeDown, StaleCut, Unavailable
 from .repair import Repair
 from .shard import NotRebuilt
 from .table import TableSpec
@@ -253,6 +253,27 @@ class Client:
             done[p] = reply["seq"] if "seq" in reply else out
         return done
 
+    def _gather(self, requests: dict) -> dict:
+        """{(node, ...): (header, arrays)} sent all at once -> {key: (reply, arrays)}; once every reply is
+        in, raises the first failure (NodeDown or NotRebuilt, with its position)."""
+        self._finish_steps()
+        pending, out, failure = {}, {}, None
+        for key, (header, arrays) in requests.items():
+            try:
+                pending[key] = self.cluster.channel(key[0]).start(header, arrays)
+            except NodeDown as exc:
+                exc.position, failure = key[0], failure or exc
+        for key, request in pending.items():
+            try:
+                out[key] = self._check_reply(key[0], *request.wait(DEADLINE))
+            except NodeDown as exc:
+                exc.position, failure = key[0], failure or exc
+            except NotRebuilt as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return out
+
     # -- iteration boundary ----------------------------------------------
     def step(self) -> None:
         """Close every node's dirty window (all nodes at once); its parity deltas go out. Advances any rebuild."""
@@ -403,9 +424,11 @@ class Client:
             self.cluster.refresh()  # the map changed: the next _state() fails over what moved
         error = reply.get("error")
         if error == "not_rebuilt":
-            exc = NotRebuilt(reply["table"], out[0])
+            exc = NotRebuilt(reply["table"], out[0], "parity" if reply.get("kind") == "parity" else "data")
             exc.position = p
             raise exc
+        if error == "stale_cut":
+            raise StaleCut(reply.get("message"))
         if error == "not_member":  # it was declared dead while away and waits as a spare now
             self.cluster.refresh()
             down = NodeDown(f"node {p} no longer holds its position")

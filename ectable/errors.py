@@ -17,3 +17,7 @@ class NodeDown(Error):
     """A node did not answer; the caller may fail over. `position`: which node, where known."""
 
     position: int | None = None
+
+
+class StaleCut(Error):
+    """Rebuilt parity rows were refused: deltas moved on after their data was read. Read again."""

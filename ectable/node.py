@@ -96,7 +96,7 @@ class Node:
             reply.setdefault("durable", self.durable_seq)
             return reply, out
         except NotRebuilt as exc:
-            return {"error": "not_rebuilt", "table": exc.table, "message": str(exc)}, [exc.ids]
+            return {"error": "not_rebuilt", "table": exc.table, "kind": exc.kind, "message": str(exc)}, [exc.ids]
         except InvalidRequest as exc:
             self.rejected += 1
             return {"error": "invalid", "message": str(exc)}, []
@@ -141,7 +141,11 @@ class Node:
         shard = self._shard(header)
         (ids,) = self._arrays(arrays, 1)
         ids = self._ids(shard, ids)
-        return {}, [shard.read(ids, committed=bool(header.get("committed")), records=bool(header.get("records")))]
+        committed = bool(header.get("committed"))
+        rows = shard.read(ids, committed=committed, records=bool(header.get("records")))
+        if committed:  # with the deltas that carried them: a reader can check its cut against parity holders
+            return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()}}, [rows]
+        return {}, [rows]
 
     def op_get_many(self, header, arrays):
         """Rows of several tables: header "tables", one ids array per table."""
@@ -244,7 +248,7 @@ class Node:
         shard = self._shard(header)
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
-        return {}, [shard.read_parity(stripes)]
+        return {"applied": dict(self.applied)}, [shard.read_parity(stripes)]
 
     def op_restore(self, header, arrays):
         """Install rebuilt data records (header kind "data") or parity rows ("parity")."""
@@ -252,6 +256,11 @@ class Node:
         keys, values = self._arrays(arrays, 2)
         if shard.missing_data is None:
             return {}, []
+        cut = header.get("cut", {})
+        if not isinstance(cut, dict):
+            raise InvalidRequest("restore cut must map sources to delta numbers")
+        if any(self.applied.get(source, 0) != seq for source, seq in cut.items()):  # parity rows from data that
+            return {"error": "stale_cut", "message": "deltas moved on since the data was read"}, []  # moved on
         before = shard.missing_count()
         if header.get("kind") == "parity":
             keys = validate.ids(shard.spec.name, keys, shard.layout.num_stripes)

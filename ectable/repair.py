@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 
-from .errors import NodeDown, Unavailable
+from .errors import Error, NodeDown, StaleCut, Unavailable
+from .shard import NotRebuilt
 
 _repairers = itertools.count(1)
 
@@ -29,44 +30,100 @@ class Repair:
         self._next_seq.pop(position, None)
 
     # -- reading whole stripes -------------------------------------------
-    def _survivors(self, table: str, stripes: np.ndarray):
-        """(slot nodes, known-zero slots, readable slots) of stripes; Unavailable if one has < k."""
+    def _slots(self, table: str, stripes: np.ndarray):
+        """(slot nodes, known-zero slots, slots on live nodes) of stripes."""
         spec, layout = self.client._table(table)
         k, slots = layout.k, np.arange(layout.width)
         nodes = layout.slot_node(stripes[:, None], slots)
         virtual = np.zeros(nodes.shape, dtype=bool)
         virtual[:, :k] = stripes[:, None] * k + slots[:k] >= spec.num_rows  # past the last row: zeros
-        have = self.client._usable()[nodes] | virtual
-        short = have.sum(axis=1) < k
+        return nodes, virtual, (self.client._states() != "dead")[nodes] | virtual
+
+    def _short(self, table, stripes, have) -> None:
+        short = have.sum(axis=1) < self.client._table(table)[1].k
         if short.any():
-            raise Unavailable(f"table {table!r}: stripe {stripes[short][0]} lost more than r={layout.r} slots")
-        return nodes, virtual, have
+            raise Unavailable(f"table {table!r}: stripe {stripes[short][0]} lost more than r="
+                              f"{self.client._table(table)[1].r} slots")
 
     def check(self, table: str, ids: np.ndarray) -> None:
         """Raise Unavailable unless every row of `ids` can be decoded."""
-        self._survivors(table, np.unique(self.client._table(table)[1].stripe(ids)))
+        stripes = np.unique(self.client._table(table)[1].stripe(ids))
+        self._short(table, stripes, self._slots(table, stripes)[2])
 
-    def recover(self, table: str, stripes: np.ndarray) -> np.ndarray:
-        """Every slot (data records and parity, as bytes) of `stripes`: [n, k + r, record bytes]."""
+    def recover(self, table: str, stripes: np.ndarray, skip: int | None = None) -> tuple[np.ndarray, dict]:
+        """Every slot (data records and parity, as bytes) of `stripes`, [n, k + r, record bytes], decoded
+        from a consistent cut; and that cut: {position: (source, delta numbers sent per target)} of the
+        data slots read directly. Slots on node `skip` (the one being rebuilt) are not read.
+
+        Slots are read from any live node, rebuilding ones included (a slot they have not rebuilt yet
+        counts as lost). The cut is consistent when every parity holder read has applied exactly the
+        deltas that the data nodes read had sent it; otherwise deltas are in flight and it is read again.
+        """
+        _, layout = self.client._table(table)
+        deadline = time.monotonic() + 30
+        unread = None  # slots a rebuilding node said it has not rebuilt
+        while True:
+            nodes, virtual, have = self._slots(table, stripes)  # again after a failover
+            if unread is None:
+                unread = nodes == skip
+            have &= ~unread
+            self._short(table, stripes, have)
+            chosen = have & (np.cumsum(have, axis=1) <= layout.k)
+            try:
+                blocks, senders, holders = self._read(table, stripes, nodes, chosen & ~virtual)
+            except NotRebuilt as exc:
+                self._not_rebuilt(table, stripes, nodes, unread, exc)
+                continue
+            if all(applied.get(source, 0) == int(sent.get(str(q), 0))
+                   for q, applied in holders.items() for source, sent in senders.values()):
+                break
+            if time.monotonic() > deadline:
+                raise Error(f"table {table!r}: parity holders kept lagging behind the data")
+            time.sleep(0.002)
+        self._decode(blocks, chosen, layout.width)
+        return blocks, senders
+
+    def _read(self, table, stripes, nodes, read):
+        """Read the chosen slots, one request per node and kind, all in flight at once."""
         spec, layout = self.client._table(table)
-        k, width = layout.k, layout.width
-        nbytes = spec.width * 4
-        slots = np.arange(width)
-        self.client.settle(time.monotonic() + 30)  # a consistent cut: parity holds every closed window
-        nodes, virtual, have = self._survivors(table, stripes)  # after settle, which may fail nodes over
-        chosen = have & (np.cumsum(have, axis=1) <= k)
-        blocks = np.zeros((stripes.size, width, nbytes), dtype=np.uint8)
-        read = chosen & ~virtual
+        k = layout.k
+        blocks = np.zeros((stripes.size, layout.width, spec.width * 4), dtype=np.uint8)
+        requests, where = {}, {}
         for node in np.unique(nodes[read]):
             mine = read & (nodes == node)
             rows, cols = np.nonzero(mine[:, :k])
             if rows.size:
-                ids = stripes[rows] * k + cols
-                recs = self.client._call(int(node), {"op": "get", "table": table, "committed": True, "records": True}, [ids])[1][0]
-                blocks[rows, cols] = recs.view(np.uint8)
+                requests[(int(node), "data")] = ({"op": "get", "table": table, "committed": True, "records": True},
+                                                 [stripes[rows] * k + cols])
+                where[(int(node), "data")] = (rows, cols)
             rows, cols = np.nonzero(mine[:, k:])
             if rows.size:
-                blocks[rows, k + cols] = self.client._call(int(node), {"op": "get_parity", "table": table}, [stripes[rows]])[1][0]
+                requests[(int(node), "parity")] = ({"op": "get_parity", "table": table}, [stripes[rows]])
+                where[(int(node), "parity")] = (rows, k + cols)
+        senders, holders = {}, {}
+        for (node, kind), (reply, arrays) in self.client._gather(requests).items():
+            rows, cols = where[(node, kind)]
+            blocks[rows, cols] = arrays[0].view(np.uint8) if kind == "data" else arrays[0]
+            if kind == "data":
+                senders[node] = (reply["source"], reply["sent"])
+            else:
+                holders[node] = reply["applied"]
+        return blocks, senders, holders
+
+    def _not_rebuilt(self, table, stripes, nodes, unread, exc) -> None:
+        """A rebuilding node lacks some slots: mark them unread (data ids or parity stripes)."""
+        _, layout = self.client._table(table)
+        node = exc.position
+        if exc.kind == "parity":
+            rows = np.isin(stripes, exc.ids)
+            unread[rows, layout.k:] |= nodes[rows, layout.k:] == node
+        else:
+            rows = np.isin(stripes, layout.stripe(exc.ids))
+            unread[rows, :layout.k] |= (nodes[rows, :layout.k] == node) & np.isin(
+                stripes[rows, None] * layout.k + np.arange(layout.k), exc.ids)
+
+    def _decode(self, blocks, chosen, width) -> None:
+        slots = np.arange(width)
         pattern = chosen @ (1 << slots)
         for value in np.unique(pattern):
             group = np.flatnonzero(pattern == value)
@@ -76,13 +133,12 @@ class Repair:
                 found = self.code.decode({t: blocks[group, t] for t in have_slots}, lost)
                 for t in lost:
                     blocks[group, t] = found[t]
-        return blocks
 
-    def read(self, table: str, ids: np.ndarray) -> np.ndarray:
+    def read(self, table: str, ids: np.ndarray, skip: int | None = None) -> np.ndarray:
         """Committed records of data rows, decoded from their stripes."""
         _, layout = self.client._table(table)
         stripes, inverse = np.unique(layout.stripe(ids), return_inverse=True)
-        blocks = self.recover(table, stripes)
+        blocks, _ = self.recover(table, stripes, skip)
         return blocks[inverse.reshape(-1), layout.position(ids)].view(np.float32)
 
     # -- writing through parity ------------------------------------------
@@ -121,7 +177,25 @@ class Repair:
     # -- rebuilding a replacement ----------------------------------------
     def rebuild_rows(self, position: int, table: str, ids: np.ndarray) -> None:
         """Rebuild data rows of the node at `position` now (they were touched before their turn)."""
-        self.client._call(position, {"op": "restore", "table": table, "kind": "data"}, [ids, self.read(table, ids)])
+        self.client._call(position, {"op": "restore", "table": table, "kind": "data"},
+                          [ids, self.read(table, ids, skip=position)])
+
+    def _rebuild_parity(self, position: int, table: str, stripes: np.ndarray) -> None:
+        """Parity rows of `position` from their stripes' data; the node takes them only if no delta it
+        applied since is newer than the data read (else they are read again)."""
+        _, layout = self.client._table(table)
+        slot = layout.slot_on(position, stripes)
+        for _ in range(1000):
+            blocks, senders = self.recover(table, stripes, skip=position)
+            rows = np.ascontiguousarray(blocks[np.arange(stripes.size), slot])
+            cut = {source: int(sent.get(str(position), 0)) for source, sent in senders.values()}
+            try:
+                self.client._call(position, {"op": "restore", "table": table, "kind": "parity", "cut": cut},
+                                  [stripes, rows])
+                return
+            except StaleCut:
+                time.sleep(0.002)
+        raise Error(f"table {table!r}: node {position} kept refusing rebuilt parity rows")
 
     def rebuild_step(self, position: int, budget: int) -> int:
         """Rebuild up to `budget` rows and parity rows of the node at `position`; returns how many remain."""
@@ -131,11 +205,7 @@ class Repair:
             if ids.size:
                 self.rebuild_rows(position, table, ids)
             if stripes.size:
-                _, layout = self.client._table(table)
-                blocks = self.recover(table, stripes)
-                slot = layout.slot_on(position, stripes)
-                rows = np.ascontiguousarray(blocks[np.arange(stripes.size), slot])
-                self.client._call(position, {"op": "restore", "table": table, "kind": "parity"}, [stripes, rows])
+                self._rebuild_parity(position, table, stripes)
         left = self.client._call(position, {"op": "status"}, [])[0]["status"]["rebuild_missing"]
         if left == 0:
             self.client.cluster.rebuilt(position)

@@ -18,9 +18,9 @@ class NotRebuilt(Error):
 
     position = None  # the node that said so, once a client read its reply
 
-    def __init__(self, table: str, ids: np.ndarray):
-        super().__init__(f"table {table!r}: {ids.size} rows not rebuilt yet")
-        self.table, self.ids = table, ids
+    def __init__(self, table: str, ids: np.ndarray, kind: str = "data"):
+        super().__init__(f"table {table!r}: {ids.size} {'rows' if kind == 'data' else 'parity rows'} not rebuilt yet")
+        self.table, self.ids, self.kind = table, ids, kind  # kind "parity": ids are stripes
 
 
 class Shard:
@@ -129,7 +129,7 @@ class Shard:
     def read_parity(self, stripes) -> np.ndarray:
         _, local = self.parity_slots(stripes)
         if self.missing_parity is not None and self.missing_parity[local].any():
-            raise NotRebuilt(self.spec.name, stripes[self.missing_parity[local]])
+            raise NotRebuilt(self.spec.name, stripes[self.missing_parity[local]], "parity")
         return self.parity[local]
 
     # -- rebuild ---------------------------------------------------------
