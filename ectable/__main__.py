@@ -56,7 +56,7 @@ def cmd_up(args) -> None:
 
 def cmd_status(args) -> None:
     from .cluster import RemoteCluster
-    cluster = RemoteCluster(args.config)
+    cluster = RemoteCluster.from_file(args.config)
     client = cluster.connect()
     try:
         while True:

@@ -276,10 +276,12 @@ class Client:
 
     # -- iteration boundary ----------------------------------------------
     def step(self) -> None:
-        """Close every node's dirty window (all nodes at once); its parity deltas go out. Advances any rebuild."""
+        """Close every node's dirty window (all nodes at once); its parity deltas go out. In process, it
+        also advances any rebuild (node processes rebuild themselves)."""
         self._close_windows()
-        for p in self._positions():
-            self._rebuild_some(p, self.rebuild_budget)
+        if not self.cluster.rebuilds_itself:
+            for p in self._positions():
+                self._rebuild_some(p, self.rebuild_budget)
 
     def _rebuild_some(self, p, budget) -> None:
         """If node p is rebuilding, rebuild up to `budget` of its rows (failing over if nodes die meanwhile)."""
@@ -365,7 +367,13 @@ class Client:
             while self._state(p) == "rebuilding":
                 if time.monotonic() > deadline:
                     raise Error(f"node {p} is still rebuilding after {timeout} s")
-                self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
+                if self.cluster.rebuilds_itself:  # its rebuilder works; ask how far it got
+                    reply = self._try(p, {"op": "status"})
+                    if reply is not None and reply[0]["status"]["rebuild_missing"] == 0:
+                        self.cluster.rebuilt(p)
+                    time.sleep(0.02)
+                else:
+                    self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
         dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
         if dead:
             raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")

@@ -35,6 +35,7 @@ class ClusterMap:
         self._failed_over: set = set()
 
     epoch = 0  # maps that change are kept by a coordinator (see CoordinatedMap)
+    rebuilds_itself = False  # True: rebuilding nodes pull their rows; else clients push them in step()
 
     def refresh(self) -> None:
         """Re-read the map from where it is kept."""
@@ -65,14 +66,14 @@ class ClusterMap:
         """Stop what this object started."""
 
 
-def _checked_config(nodes, code, k, r, spares, window_rows, window_seconds) -> ClusterConfig:
+def _checked_config(nodes, code, k, r, spares, **tuning) -> ClusterConfig:
     if r is None:
         r = DEFAULT_R.get(code, 1)
     if nodes < k + r:
         raise ValueError(f"nodes must be at least k + r = {k + r}, got {nodes}")
     if spares < 0:
         raise ValueError(f"spares must be >= 0, got {spares}")
-    config = ClusterConfig(nodes, code, k, r, window_rows, window_seconds)
+    config = ClusterConfig(nodes, code, k, r, **tuning)
     config.make_code()  # reject bad codes now
     return config
 
@@ -91,8 +92,9 @@ class LocalCluster(ClusterMap):
         return super().__new__(cls)
 
     def __init__(self, nodes: int = 5, code: str = "xor", k: int = 4, r: int | None = None, spares: int = 0,
-                 processes: bool = True, window_rows: int = 1 << 20, window_seconds: float = 5.0, **options):
-        super().__init__(_checked_config(nodes, code, k, r, spares, window_rows, window_seconds))
+                 processes: bool = True, **tuning):
+        """`tuning`: window_rows, window_seconds, rebuild_batch, rebuild_share (see ClusterConfig)."""
+        super().__init__(_checked_config(nodes, code, k, r, spares, **tuning))
         self.processes = processes
         self._spares = spares
 
@@ -189,6 +191,8 @@ class CoordinatedMap:
         self._rebuilt: set[str] = set()  # identities this client saw finish rebuilding
         self._checked = 0.0
         self.refresh()
+
+    rebuilds_itself = True
 
     @property
     def epoch(self) -> int:
@@ -405,14 +409,19 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 class RemoteCluster(CoordinatedMap, ClusterMap):
-    """A cluster started elsewhere, named by a TOML file with its coordinator (`ectable.connect`)."""
+    """A cluster started elsewhere, reached through its coordinator (`ectable.connect`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, coordinator: str, curve: dict | None = None):
+        self._attach(coordinator, curve)
+        ClusterMap.__init__(self, ClusterConfig(**self._view["config"]))
+
+    @classmethod
+    def from_file(cls, path: str) -> "RemoteCluster":
+        """The cluster a TOML file names ([coordinator] endpoint, [security] keys)."""
         data = cluster_config.load(path)
         if "coordinator" not in data:
             raise Error(f"{path} names no [coordinator] endpoint")
-        self._attach(data["coordinator"]["endpoint"], data.get("security"))
-        ClusterMap.__init__(self, ClusterConfig(**self._view["config"]))
+        return cls(data["coordinator"]["endpoint"], data.get("security"))
 
     @property
     def endpoints(self) -> list[str]:
@@ -425,6 +434,6 @@ class RemoteCluster(CoordinatedMap, ClusterMap):
 
 def connect(path: str) -> Client:
     """A client of the cluster described by the TOML file at `path`; `close()` it when done."""
-    client = RemoteCluster(path).connect()
+    client = RemoteCluster.from_file(path).connect()
     client.owns_cluster = True
     return client

@@ -36,6 +36,8 @@ class ClusterConfig:
     r: int = 1
     window_rows: int = 1 << 20  # a window closes once this many rows are dirty...
     window_seconds: float = 5.0  # ...or it is this old, so parity never lags without bound
+    rebuild_batch: int = 1 << 15  # rows (and parity rows) a rebuilding node pulls per round
+    rebuild_share: float = 0.5  # of its time a rebuilding node spends pulling: it rests the rest
 
     def make_code(self):
         return get_code(self.code, self.k, self.r)

@@ -19,6 +19,7 @@ import zmq
 
 from .coordinator import HEARTBEAT
 from .node import ClusterConfig, Node
+from .rebuilder import Rebuilder
 from .transport import codec
 from .transport.zeromq import make_socket, start_authenticator
 
@@ -45,6 +46,9 @@ class NodeServer:
         self.node: Node | None = None
         self.epoch = 0  # of the last map taken
         self.coordinator: zmq.Socket | None = None  # heartbeats go there, once a map names it
+        self.coordinator_endpoint: str | None = None
+        self.rebuilder: Rebuilder | None = None
+        self.next_rebuilder = 0.0
         self.next_beat = 0.0
         self.endpoints: list[str] = []
         self.dead: set[int] = set()
@@ -85,6 +89,7 @@ class NodeServer:
         if isinstance(header.get("epoch"), int):
             self.epoch = max(self.epoch, header["epoch"])
         if coordinator is not None and self.coordinator is None:
+            self.coordinator_endpoint = coordinator
             self.coordinator = make_socket(self.context, zmq.DEALER, self.curve)
             self.coordinator.connect(coordinator)
             self.poller.register(self.coordinator, zmq.POLLIN)
@@ -139,8 +144,21 @@ class NodeServer:
         except zmq.ZMQError:
             pass  # not connected yet, or the queue is full: the next beat tries again
 
+    def rebuild(self) -> None:
+        """While this node is rebuilding, a rebuilder thread pulls what it lacks (restarted if it stops)."""
+        node = self.node
+        if node is None or not node.rebuilding or self.coordinator_endpoint is None:
+            return
+        if (self.rebuilder is not None and self.rebuilder.is_alive()) or time.monotonic() < self.next_rebuilder:
+            return
+        self.next_rebuilder = time.monotonic() + 1.0
+        self.rebuilder = Rebuilder(self.coordinator_endpoint, self.curve, node.position, node.source)
+        self.rebuilder.start()
+
     def leave(self) -> None:
         """This node was declared dead while it was away: drop everything and wait as a spare."""
+        if self.rebuilder is not None:
+            self.rebuilder.stop()
         for target in list(self.peers):
             self._drop_peer(target)
         self.inflight.clear()
@@ -176,6 +194,7 @@ class NodeServer:
             self.send_outbox()
             self.resend()
             self.heartbeat()
+            self.rebuild()
             if busy and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
                     self.node.close_window()
@@ -275,6 +294,9 @@ class NodeServer:
                         self.inflight[key] = (frames, 0.0)
 
     def close(self) -> None:
+        if self.rebuilder is not None:
+            self.rebuilder.stop()
+            self.rebuilder.join(5)
         for sock in self.peers.values():
             sock.close(0)
         if self.coordinator is not None:

@@ -1,0 +1,54 @@
+"""A rebuilding node pulls what it lacks from the survivors, range by range, while clients go on.
+
+The rebuilder runs in a thread of the rebuilding node's own process, as a client of the
+cluster (through the coordinator's map): each round it asks its node which rows and parity
+rows are missing (up to `rebuild_batch`), decodes them from a consistent cut of their
+stripes, and installs them; then it rests so the node spends at most `rebuild_share` of
+its time rebuilding. Rows clients touch first are rebuilt on demand by those clients.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from .errors import Error
+
+
+class Rebuilder(threading.Thread):
+    """Rebuild the node at `position` (identity `source`) until nothing is missing or `stop()`."""
+
+    def __init__(self, coordinator: str, curve: dict | None, position: int, source: str):
+        super().__init__(name=f"rebuilder-{position}", daemon=True)
+        self.coordinator, self.curve, self.position, self.source = coordinator, curve, position, source
+        self._stop = threading.Event()
+        self.error: str | None = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        from .cluster import RemoteCluster
+        try:
+            cluster = RemoteCluster(self.coordinator, self.curve)
+        except Error as exc:
+            self.error = str(exc)
+            return
+        try:
+            client = cluster.connect()
+            while not self._stop.is_set() and cluster._view["sources"][self.position] != self.source:
+                time.sleep(0.05)  # the coordinator publishes the new map once every node has it
+                cluster.refresh()
+            cluster.mark_rebuilding(self.position)
+            config = cluster.config
+            while not self._stop.is_set() and cluster._view["sources"][self.position] == self.source:
+                started = time.perf_counter()
+                left = client._with_failover(self.position, lambda: client.repair.rebuild_step(
+                    self.position, config.rebuild_batch))
+                if not left:
+                    return
+                share = min(max(config.rebuild_share, 0.01), 1.0)
+                self._stop.wait((time.perf_counter() - started) * (1 - share) / share)
+        except Error as exc:  # the node or the cluster went away: a later round starts again
+            self.error = str(exc)
+        finally:
+            cluster.close()
