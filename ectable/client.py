@@ -189,7 +189,7 @@ class Client:
         writes = {p: [(table, batch[table][0], ids, batch[table][2][where]) for table, ids, where in ps]
                   for p, ps in parts.items()}
         entries = {p: self._logged(p, w) for p, w in writes.items() if self._state(p) != "dead"}
-        done = self._fan_out({p: self._write_request(e) for p, e in entries.items()})
+        done = self._fan_out({p: self._write_request(e) for p, e in entries.items()}, entries)
         for p, w in writes.items():
             if p in done:
                 entries[p].seq = done[p]
@@ -214,6 +214,7 @@ class Client:
         it is dead, or by the replay of a failover that took its redo-log entry."""
         def attempt():
             nonlocal entry
+            self._finish_steps()  # may fail p over: before deciding, not between deciding and sending
             state = self._state(p)  # may fail p over, which takes its redo log
             if entry is not None and entry.replayed:
                 return  # a failover took it: replayed there, unless its parity already held it
@@ -234,13 +235,14 @@ class Client:
                 parts.setdefault(p, []).append((table, ids[where], where))
         return parts
 
-    def _fan_out(self, requests: dict) -> dict:
+    def _fan_out(self, requests: dict, entries: dict | None = None) -> dict:
         """Send {node: (header, arrays)} to all live nodes at once; {node: result} of those that
-        answered plainly ("write": its seq, else its arrays). The others are left to the slow path."""
+        answered plainly ("write": its seq, else its arrays). The others are left to the slow path,
+        and so are logged writes (`entries`) that a failover met on the way has replayed already."""
         self._finish_steps()
         pending, done = {}, {}
         for p, (header, arrays) in requests.items():
-            if self._state(p) != "dead":
+            if self._state(p) != "dead" and not (entries and entries[p].replayed):
                 try:
                     pending[p] = self.cluster.channel(p).start(header, arrays)
                 except NodeDown:

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
@@ -293,16 +294,13 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
         self._token = secrets.token_hex(16)  # only this cluster's coordinator may re-map or stop its nodes
         self._procs: dict[str, _Process] = {}
         self.context = None
-        fd, path = tempfile.mkstemp(suffix=".toml")  # mode 0600: it may hold CURVE secrets
-        os.close(fd)
+        self.curve = curve
         try:
-            self._write(path, {"security": curve} if curve else {})
-            nodes = self._spawn(["node", "--bind", "tcp://127.0.0.1:0", "--config", path], self.config.nodes + self._spares)
+            nodes = self._spawn_nodes(self.config.nodes + self._spares)
             data = {"cluster": self.config.get_config(),
                     "nodes": {"endpoints": nodes[: self.config.nodes], "spares": nodes[self.config.nodes:]}}
-            self._write(path, {**data, "security": curve} if curve else data)
-            (endpoint,) = self._spawn(["coordinator", "--config", path, "--bind", "tcp://127.0.0.1:0"], 1)
-            os.unlink(path)
+            with _secret_toml({**data, "security": curve} if curve else data) as path:
+                (endpoint,) = self._spawn(["coordinator", "--config", path, "--bind", "tcp://127.0.0.1:0"], 1)
             self._attach(endpoint, curve)
             deadline = time.monotonic() + START_TIMEOUT
             while None in self._view["sources"]:
@@ -313,14 +311,39 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
         except BaseException:
             self.close()
             raise
-        finally:
-            if os.path.exists(path):
-                os.unlink(path)
 
-    @staticmethod
-    def _write(path: str, data: dict) -> None:
-        with open(path, "w") as f:
-            f.write(cluster_config.dumps(data))
+    def _spawn_nodes(self, count: int) -> list[str]:
+        with _secret_toml({"security": self.curve} if self.curve else {}) as path:
+            return self._spawn(["node", "--bind", "tcp://127.0.0.1:0", "--config", path], count)
+
+    def inject(self, i: int, fault: str, value: float = 1.0) -> None:
+        """Arm a fault in active node i: die_before_deltas, die_after_write (SIGKILL at that point),
+        duplicate_deltas, reorder_deltas, delay_deltas (value: seconds)."""
+        self._control(self._view["endpoints"][i], {"op": "fault", "token": self._token, "name": fault, "value": value})
+
+    def _control(self, endpoint: str, header: dict) -> None:
+        channel = ZmqChannel(endpoint, self.context, self.curve)
+        try:
+            reply = channel.call(header, [], 10.0)[0]
+        finally:
+            channel.close()
+        if reply.get("error"):
+            raise Error(f"node {endpoint}: {reply.get('message')}")
+
+    def add_spare(self) -> None:
+        """Start one more spare node process and register it with the coordinator."""
+        (endpoint,) = self._spawn_nodes(1)
+        view = self._view
+        header = {"op": "map", "token": self._token, "config": self.config.get_config(), "endpoints": view["endpoints"],
+                  "dead": [p for p, s in enumerate(view["states"]) if s == "dead"], "epoch": view["epoch"],
+                  "coordinator": self.coordinator_endpoint}
+        self._control(endpoint, header)
+        spares, deadline = view["spares"], time.monotonic() + START_TIMEOUT
+        while self._view["spares"] <= spares:  # its first heartbeat registers it
+            if time.monotonic() > deadline:
+                raise Error(f"spare {endpoint} did not register with the coordinator")
+            time.sleep(0.02)
+            self.refresh()
 
     def _spawn(self, command: list[str], count: int) -> list[str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1", ECTABLE_CONTROL_TOKEN=self._token)
@@ -382,6 +405,18 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
     def __del__(self):
         if getattr(self, "_procs", None):
             self.close()
+
+
+@contextlib.contextmanager
+def _secret_toml(data: dict):
+    """A temporary TOML file readable only by this user (it may hold CURVE secrets), removed after use."""
+    fd, path = tempfile.mkstemp(suffix=".toml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(cluster_config.dumps(data))
+        yield path
+    finally:
+        os.unlink(path)
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> str:

@@ -26,6 +26,7 @@ from .transport.zeromq import make_socket, start_authenticator
 _ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02
+FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas"}
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
 
 
@@ -55,6 +56,8 @@ class NodeServer:
         self.peers: dict[int, zmq.Socket] = {}
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
         self.malformed = 0
+        self.faults: dict[str, float] = {}  # armed by the owning cluster's `fault` op, for tests
+        self.fault_hits = 0
         self.last_request = 0.0
         self.running = True
         self.poller = zmq.Poller()
@@ -63,8 +66,13 @@ class NodeServer:
     # -- control ---------------------------------------------------------
     def control(self, header: dict, arrays: list) -> tuple[dict, list] | None:
         op = header.get("op")
-        if op in ("map", "shutdown") and (self.token is None or header.get("token") != self.token):
+        if op in ("map", "shutdown", "fault") and (self.token is None or header.get("token") != self.token):
             return {"error": "invalid", "message": f"{op} is only taken from the cluster that started this node"}, []
+        if op == "fault":  # fault injection for tests: arm one of FAULTS
+            if header.get("name") not in FAULTS:
+                return {"error": "invalid", "message": f"faults are {sorted(FAULTS)}"}, []
+            self.faults[header["name"]] = float(header.get("value", 1.0))
+            return {}, []
         if op == "map":
             return self.apply_map(header), []
         if op == "ping":
@@ -195,7 +203,7 @@ class NodeServer:
             self.resend()
             self.heartbeat()
             self.rebuild()
-            if busy and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
+            if busy and self.node is not None and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
                     self.node.close_window()
                     self.send_outbox()
@@ -219,10 +227,13 @@ class NodeServer:
         except Exception as exc:  # a node never dies of a request
             self.malformed += 1
             reply = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, []
+        if "die_after_write" in self.faults and header.get("op") == "write" and "seq" in reply[0]:
+            os.kill(os.getpid(), signal.SIGKILL)  # applied, not answered, no delta sent
         out_header, out_arrays = reply
         if header.get("op") == "status" and "status" in out_header:
             out_header["status"]["malformed"] = self.malformed
             out_header["status"]["endpoint"] = self.endpoint
+            out_header["status"]["fault_hits"] = self.fault_hits
         try:
             self._reply(identity, {**out_header, "id": rid, "epoch": self.epoch}, out_arrays)
         except (TypeError, ValueError):
@@ -243,13 +254,24 @@ class NodeServer:
     def send_outbox(self) -> None:
         if self.node is None:
             return
-        for target, header, arrays in self.node.take_outbox():
+        outbox = self.node.take_outbox()
+        if outbox and "die_before_deltas" in self.faults:
+            os.kill(os.getpid(), signal.SIGKILL)  # the window is closed and its deltas built, none sent
+        now = time.monotonic()
+        for target, header, arrays in outbox:
             if target in self.dead:
                 self.node.acked(target, header["seq"])
                 continue
-            frames = codec.encode(header, arrays)
-            self.inflight[(target, header["seq"])] = (frames, 0.0)
-            self._send(target, header["seq"])
+            key = (target, header["seq"])
+            self.inflight[key] = (codec.encode(header, arrays), 0.0)
+            hold = self.faults.get("delay_deltas", 0.0)
+            if "reorder_deltas" in self.faults and header["seq"] % 2:  # odd ones overtaken by the next
+                hold = self.faults["reorder_deltas"]
+            if hold:
+                self.fault_hits += 1
+                self.inflight[key] = (self.inflight[key][0], now + hold - RESEND)  # the resend pass sends it then
+            else:
+                self._send(*key)
 
     def _peer(self, target: int) -> zmq.Socket:
         sock = self.peers.get(target)
@@ -263,7 +285,9 @@ class NodeServer:
     def _send(self, target, seq) -> None:
         frames, _ = self.inflight[(target, seq)]
         try:
-            self._peer(target).send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            for _ in range(2 if "duplicate_deltas" in self.faults else 1):
+                self._peer(target).send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            self.fault_hits += "duplicate_deltas" in self.faults
             sent = time.monotonic()
         except zmq.Again:
             sent = 0.0  # not connected yet: try again at the next resend pass

@@ -1,0 +1,131 @@
+"""A Redis-style kill loop: write, SIGKILL a node at a random moment, read everything, rebuild, read again.
+
+Every round compares every record (weights and optimizer state) of every table with a
+failure-free in-process run of the same requests, bit for bit, once degraded and once
+after the rebuild, and checks parity against a fresh encode. The killed node's process
+is replaced by a new spare for the next round. With r >= 2 half the rounds kill a second
+node one batch after the first, while its spare is still rebuilding.
+
+    python -m ectable.testing.kill_loop --rounds 50 --code rs --log kill_loop.log
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from ..cluster import LocalCluster
+from .checks import check_parity, read_records
+
+TABLES = {"users": (6_000, 16, "rowwise_adagrad"), "items": (20_000, 8, "adagrad")}
+MOMENTS = ("mid-window", "deltas in flight", "after flush")
+
+
+def _requests(rng, batches):
+    """Random writes: apply_gradient_many with skewed ids, and some puts."""
+    for _ in range(batches):
+        batch = {}
+        for name, (rows, dim, _) in TABLES.items():
+            ids = (rng.pareto(1.2, 600) * rows / 50).astype(np.int64) % rows
+            batch[name] = ("grad", ids, rng.standard_normal((ids.size, dim)).astype(np.float32))
+        if rng.random() < 0.3:
+            rows, dim, _ = TABLES["users"]
+            ids = rng.choice(rows, 50, replace=False)
+            batch["users"] = ("put", ids, rng.standard_normal((ids.size, dim)).astype(np.float32))
+        yield batch
+
+
+def _apply(client, batch) -> None:
+    grads = {name: (ids, values) for name, (kind, ids, values) in batch.items() if kind == "grad"}
+    client.apply_gradient_many(grads)
+    for name, (kind, ids, values) in batch.items():
+        if kind == "put":
+            client.put(name, ids, values)
+
+
+def _lost(client, reference) -> int:
+    """Rows whose whole record differs from the failure-free run."""
+    lost = 0
+    for name, (rows, _, _) in TABLES.items():
+        ids = np.arange(rows)
+        lost += int((read_records(client, name, ids) != read_records(reference, name, ids)).any(axis=1).sum())
+    return lost
+
+
+def run(rounds: int, code: str = "xor", seed: int = 0, log=print) -> dict:
+    """Run the loop; returns {"rounds", "kills", "lost"} (lost: rows that differed, summed over checks)."""
+    k, r = (4, 1) if code == "xor" else (3, 2)
+    rng = np.random.default_rng(seed)
+    kills = lost = 0
+    started = time.perf_counter()
+    with LocalCluster(nodes=k + r + 1, code=code, k=k, r=r, spares=r, window_rows=4096) as cluster, \
+            LocalCluster(nodes=1, code="none", k=1, r=0, processes=False) as ref_cluster:
+        client, reference = cluster.connect(), ref_cluster.connect()
+        for name, (rows, dim, optimizer) in TABLES.items():
+            for c in (client, reference):
+                c.create_table(name, num_rows=rows, dim=dim, optimizer=optimizer, lr=0.05, init="uniform", seed=1)
+        for n in range(1, rounds + 1):
+            moment = MOMENTS[rng.integers(len(MOMENTS))]
+            second = r >= 2 and rng.random() < 0.5  # a second node dies during the first one's rebuild
+            batches = list(_requests(rng, int(rng.integers(3, 9))))
+            at = int(rng.integers(len(batches) - 1))
+            notes = []
+            for i, batch in enumerate(batches):
+                if i == at or (i == at + 1 and second):
+                    if i == at and moment == "deltas in flight":
+                        client.step()
+                    elif i == at and moment == "after flush":
+                        client.flush()
+                    victim = int(rng.choice([p for p in range(cluster.config.nodes) if cluster.state(p) == "up"]))
+                    rebuilding = [p for p in range(cluster.config.nodes) if cluster.state(p) == "rebuilding"]
+                    notes.append(f"node {victim} (pid {cluster.node_pids()[victim]})"
+                                 + (f" while node {rebuilding} rebuilt" if rebuilding else ""))
+                    cluster.kill(victim)
+                    kills += 1
+                for c in (client, reference):
+                    _apply(c, batch)
+                if i != at or moment != "mid-window":
+                    client.step()
+            bad = _lost(client, reference)
+            t0 = time.perf_counter()
+            client.wait_recovered(timeout=120)
+            rebuilt = time.perf_counter() - t0
+            after = _lost(client, reference)
+            client.flush()
+            check_parity(cluster, client)
+            lost += bad + after
+            for _ in notes:
+                cluster.add_spare()
+            log(f"round {n}: SIGKILLed {' then '.join(notes)}, {moment} at batch {at + 1}/{len(batches)}; "
+                f"degraded read of all rows: {bad} lost; rebuilt {rebuilt:.2f} s later, parity exact; "
+                f"read again: {after} lost")
+        client.wait_recovered(timeout=120)
+        client.flush()
+        check_parity(cluster, client)
+        lost += _lost(client, reference)
+    log(f"kill loop ({code}): {rounds} rounds, {kills} kills (SIGKILL), {lost} lost, "
+        f"{time.perf_counter() - started:.0f} s")
+    return {"rounds": rounds, "kills": kills, "lost": lost}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--code", default="xor", choices=["xor", "rs"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log", help="also append the log to this file")
+    args = parser.parse_args(argv)
+    out = open(args.log, "a") if args.log else None
+
+    def log(line):
+        print(line, flush=True)
+        if out:
+            print(line, file=out, flush=True)
+    result = run(args.rounds, args.code, args.seed, log)
+    sys.exit(0 if result["lost"] == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Real failures of node processes: heartbeats, fencing, injected faults, and the Redis-style kill loop."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ectable
+from ectable.testing import check_parity, read_records
+from ectable.testing.kill_loop import run as kill_loop
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def make(code="xor", spares=1, **kwargs):
+    k, r = (4, 1) if code == "xor" else (3, 2)
+    cluster = ectable.LocalCluster(nodes=k + r, code=code, k=k, r=r, spares=spares, **kwargs)
+    reference = ectable.LocalCluster(nodes=1, code="none", k=1, r=0, processes=False)
+    clients = cluster.connect(), reference.connect()
+    for c in clients:
+        c.create_table("t", num_rows=3000, dim=8, optimizer="adagrad", lr=0.1, init="normal", seed=3)
+    return cluster, reference, clients
+
+
+def same(client, reference):
+    ids = np.arange(3000)
+    return np.array_equal(read_records(client, "t", ids), read_records(reference, "t", ids))
+
+
+def write(clients, rng, rounds=3, step=True):
+    for _ in range(rounds):
+        ids = rng.integers(0, 3000, 500)
+        grads = rng.standard_normal((500, 8)).astype(np.float32)
+        for c in clients:
+            c.apply_gradient("t", ids, grads)
+            if step:
+                c.step()
+
+
+@pytest.mark.parametrize("code", ["xor", "rs"])
+def test_kill_loop_loses_nothing(code):
+    lines = []
+    result = kill_loop(rounds=5, code=code, seed=7, log=lines.append)
+    assert result == {"rounds": 5, "kills": result["kills"], "lost": 0} and result["kills"] >= 5
+    assert lines[-1].startswith(f"kill loop ({code}): 5 rounds") and ", 0 lost," in lines[-1]
+
+
+def test_a_silent_node_is_declared_dead_replaced_and_fenced_when_it_returns():
+    cluster, reference, (client, ref) = make()
+    with cluster, reference:
+        rng = np.random.default_rng(1)
+        write((client, ref), rng)
+        pid = cluster.node_pids()[1]
+        os.kill(pid, signal.SIGSTOP)  # alive but silent: no client touches it, only heartbeats tell
+        try:
+            deadline = time.monotonic() + 15
+            while cluster.state(1) == "up" and time.monotonic() < deadline:
+                time.sleep(0.1)
+                cluster.refresh()
+            assert cluster.state(1) == "rebuilding" and cluster.node_pids()[1] != pid and cluster.spares_left() == 0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 15
+        while cluster.spares_left() == 0 and time.monotonic() < deadline:  # told it is fenced: a spare again
+            time.sleep(0.1)
+            cluster.refresh()
+        assert cluster.spares_left() == 1
+        write((client, ref), rng)
+        client.wait_recovered(timeout=60)
+        client.flush()
+        check_parity(cluster, client)
+        assert same(client, ref)
+        cluster.kill(3)  # the returned node now serves as the spare
+        write((client, ref), rng)
+        client.wait_recovered(timeout=60)
+        assert cluster.node_pids()[3] == pid and same(client, ref)
+
+
+@pytest.mark.parametrize("fault", ["die_before_deltas", "die_after_write"])
+@pytest.mark.parametrize("code", ["xor", "rs"])
+def test_a_node_dying_between_its_write_and_its_delta_loses_nothing(fault, code):
+    cluster, reference, (client, ref) = make(code)
+    with cluster, reference:
+        rng = np.random.default_rng(2)
+        write((client, ref), rng)
+        pid = cluster.node_pids()[2]
+        cluster.inject(2, fault)
+        write((client, ref), rng, rounds=4)  # node 2 SIGKILLs itself at the armed point
+        assert cluster.node_pids()[2] != pid and cluster.state(2) != "dead"  # a spare took its place
+        assert same(client, ref)
+        client.wait_recovered(timeout=60)
+        client.flush()
+        check_parity(cluster, client)
+        assert same(client, ref)
+
+
+@pytest.mark.parametrize("fault", ["duplicate_deltas", "reorder_deltas", "delay_deltas"])
+def test_duplicated_reordered_and_delayed_deltas_apply_exactly_once(fault):
+    cluster, reference, (client, ref) = make("rs", spares=0)
+    with cluster, reference:
+        for p in range(cluster.config.nodes):
+            cluster.inject(p, fault, 0.3)
+        rng = np.random.default_rng(3)
+        write((client, ref), rng, rounds=6)
+        client.flush()
+        check_parity(cluster, client)
+        assert same(client, ref)
+        assert all(n["fault_hits"] > 0 for n in client.status()["nodes"])
+        cluster.kill(0)  # and a failure while deltas are delayed, duplicated or reordered
+        write((client, ref), rng, rounds=3)
+        assert same(client, ref)
+
+
+def test_beyond_r_failures_only_the_lost_stripes_are_unavailable():
+    cluster, reference, (client, ref) = make("xor", spares=0)
+    with cluster, reference:
+        write((client, ref), np.random.default_rng(4))
+        cluster.kill(0)
+        cluster.kill(1)
+        layout = client._table("t")[1]
+        ids = np.arange(3000)
+        nodes = layout.slot_node(layout.stripe(ids)[:, None], np.arange(layout.width))
+        lost = ((nodes == 0) | (nodes == 1)).sum(axis=1) > layout.r
+        lost &= np.isin(layout.data_node(ids), [0, 1])  # rows on a live node are served as they are
+        with pytest.raises(ectable.Unavailable):
+            client.get("t", ids[lost][:5])
+        np.testing.assert_array_equal(client.get("t", ids[~lost]), ref.get("t", ids[~lost]))
+        assert client.status()["degraded"] == [0, 1]
