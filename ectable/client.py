@@ -509,7 +509,10 @@ class Client:
                 for j, row in zip(*np.nonzero(behind)):
                     stale.setdefault((int(holders[j, row]), table), []).append(int(stripes[row]))
         for (q, table), stripes in stale.items():
-            self._call(q, {"op": "invalidate", "table": table}, [np.unique(np.array(stripes, dtype=np.int64))])
+            try:
+                self._call(q, {"op": "invalidate", "table": table}, [np.unique(np.array(stripes, dtype=np.int64))])
+            except NodeDown:
+                continue  # it died too: all its parity is rebuilt from data
             self.cluster.mark_rebuilding(q)
 
     def _unapplied(self, entry, marks):

@@ -361,7 +361,8 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
         return endpoints
 
     def _live(self, endpoint: str) -> bool:
-        return self._procs[endpoint].alive()  # this process started it: it knows at once
+        """Exited (this process started it, so it knows at once), or declared dead by the coordinator."""
+        return self._procs[endpoint].alive() and super()._live(endpoint)
 
     def state(self, p: int) -> str:
         if self._view["states"][p] != "dead" and not self._procs[self._view["endpoints"][p]].alive():

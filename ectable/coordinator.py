@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 import zmq
 
@@ -267,4 +268,8 @@ def run(data: dict, bind: str, token: str | None, parent: int | None = None) -> 
     members = Membership(ClusterConfig(**data["cluster"]), data["nodes"]["endpoints"], data["nodes"].get("spares", []))
     server = CoordinatorServer(members, bind, token, data.get("security"), parent)
     print(f"READY {server.endpoint}", flush=True)
-    server.serve()
+    try:
+        server.serve()
+    except Exception:  # a bug, not input: die at once rather than hang half-alive
+        traceback.print_exc()
+        os._exit(70)

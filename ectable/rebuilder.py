@@ -20,11 +20,11 @@ class Rebuilder(threading.Thread):
     def __init__(self, coordinator: str, curve: dict | None, position: int, source: str):
         super().__init__(name=f"rebuilder-{position}", daemon=True)
         self.coordinator, self.curve, self.position, self.source = coordinator, curve, position, source
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.error: str | None = None
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         from .cluster import RemoteCluster
@@ -35,19 +35,19 @@ class Rebuilder(threading.Thread):
             return
         try:
             client = cluster.connect()
-            while not self._stop.is_set() and cluster._view["sources"][self.position] != self.source:
+            while not self._halt.is_set() and cluster._view["sources"][self.position] != self.source:
                 time.sleep(0.05)  # the coordinator publishes the new map once every node has it
                 cluster.refresh()
             cluster.mark_rebuilding(self.position)
             config = cluster.config
-            while not self._stop.is_set() and cluster._view["sources"][self.position] == self.source:
+            while not self._halt.is_set() and cluster._view["sources"][self.position] == self.source:
                 started = time.perf_counter()
                 left = client._with_failover(self.position, lambda: client.repair.rebuild_step(
                     self.position, config.rebuild_batch))
                 if not left:
                     return
                 share = min(max(config.rebuild_share, 0.01), 1.0)
-                self._stop.wait((time.perf_counter() - started) * (1 - share) / share)
+                self._halt.wait((time.perf_counter() - started) * (1 - share) / share)
         except Error as exc:  # the node or the cluster went away: a later round starts again
             self.error = str(exc)
         finally:

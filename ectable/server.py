@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+import traceback
 
 import zmq
 
@@ -355,7 +356,11 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
     print(f"READY {server.endpoint}", flush=True)
     profile = os.environ.get("ECTABLE_PROFILE")  # a directory: each node writes its cProfile there on exit
     if not profile:
-        server.serve()
+        try:
+            server.serve()
+        except Exception:  # a bug, not input: die at once (crash-only) rather than hang half-alive
+            traceback.print_exc()
+            os._exit(70)
         return
     import cProfile
     prof = cProfile.Profile()

@@ -1,0 +1,217 @@
+"""Recovery: rebuild time against shard size, training through a rebuild, and against a checkpoint reload.
+
+Three parts, all in one run, nodes as processes on loopback:
+
+1. `size`: SIGKILL a node of an idle xor(4,1) cluster with one spare; time until every
+   stripe is protected again, for growing tables. Beside it, the two limits a rebuild
+   cannot beat on this machine: decoding the same bytes in process, and moving them over
+   loopback ZeroMQ.
+2. `during`: a training loop (get, model step, apply_gradient, step) with a node SIGKILLed
+   part way; iteration times before, during and after the rebuild (a time series, and
+   the during/before throughput ratio).
+3. `checkpoint`: the same failure handled the way training is protected today: a full
+   checkpoint of every table every N iterations, so a failure costs reading the last one
+   back and replaying the iterations since (N/2 on average). Its reload reads from disk
+   (the file is dropped from the page cache first) into numpy, a lower bound on loading it
+   into any store.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+import ectable
+from ectable.codes import get_code
+
+from .common import report
+
+DIM = 64
+
+
+def make_cluster(rows: int, spares: int = 1, share: float = 1.0):
+    cluster = ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=spares, rebuild_share=share)
+    client = cluster.connect()
+    client.create_table("t", num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", lr=0.01, init="uniform")
+    return cluster, client
+
+
+def touch_all(client, rows: int) -> None:
+    """One gradient step on every row, so records and parity are not the initial values."""
+    rng = np.random.default_rng(0)
+    for lo in range(0, rows, 1 << 17):
+        ids = np.arange(lo, min(rows, lo + (1 << 17)))
+        client.apply_gradient("t", ids, rng.standard_normal((ids.size, DIM)).astype(np.float32))
+        client.step()
+    client.flush()
+
+
+def rebuild_time(client, cluster, victim: int = 2) -> tuple[float, int]:
+    """Seconds from SIGKILL to full protection, and the rows (data + parity) rebuilt."""
+    start = time.perf_counter()
+    cluster.kill(victim)
+    client.status()  # fails it over: the spare takes its place and starts pulling
+    client.wait_recovered(timeout=600)
+    elapsed = time.perf_counter() - start
+    st = client.status()["nodes"][victim]
+    return elapsed, st["data_rows"] + st["parity_rows"]
+
+
+def decode_limit(rows: int) -> float:
+    """Seconds to decode `rows` records of 65 floats from 4 survivors, in process (XOR, one core)."""
+    code = get_code("xor", 4, 1)
+    rng = np.random.default_rng(0)
+    blocks = {t: rng.integers(0, 256, (rows, (DIM + 1) * 4), dtype=np.uint8) for t in (0, 1, 3, 4)}
+    start = time.perf_counter()
+    code.decode(blocks, [2])
+    return time.perf_counter() - start
+
+
+def network_limit(client, rows: int) -> float:
+    """Seconds to read `rows` records from one node over loopback ZeroMQ, in 32K-row requests."""
+    layout = client._table("t")[1]
+    cand = np.arange(min(layout.num_rows, 1 << 18))
+    ids = cand[layout.data_node(cand) == 0][: 1 << 15]
+    start, done = time.perf_counter(), 0
+    while done < rows:
+        client._call(0, {"op": "get", "table": "t", "records": True}, [ids])
+        done += ids.size
+    return time.perf_counter() - start
+
+
+def part_size(sizes, out):
+    rows_out = []
+    for rows in sizes:
+        cluster, client = make_cluster(rows)
+        with cluster:
+            touch_all(client, rows)
+            secs, rebuilt = rebuild_time(client, cluster)
+            net = network_limit(client, rebuilt)
+        dec = decode_limit(rebuilt)
+        mb = rebuilt * (DIM + 1) * 4 / 1e6
+        rows_out.append([rows, rebuilt, round(mb, 1), round(secs, 2), round(rebuilt / secs),
+                         round(mb / secs, 1), round(mb / net, 1), round(mb / dec, 1)])
+        print(f"  {rows} rows: rebuilt {rebuilt} rows ({mb:.0f} MB) in {secs:.2f} s", flush=True)
+    out["size"] = rows_out
+    report("recovery_size", ["table rows", "rows rebuilt", "MB", "seconds", "rows/s", "MB/s",
+                             "loopback read MB/s", "xor decode MB/s"], rows_out)
+
+
+def train(client, work, compute, kill_at=None, cluster=None):
+    """Iteration times; with `kill_at`, SIGKILL node 2 before that iteration. Also the rebuild window."""
+    times, rebuilding = [], []
+    for n, (ids, grads) in enumerate(work):
+        if n == kill_at:
+            cluster.kill(2)
+        start = time.perf_counter()
+        client.get("t", ids)
+        time.sleep(compute)
+        client.apply_gradient("t", ids, grads)
+        client.step()
+        times.append(time.perf_counter() - start)
+        rebuilding.append(kill_at is not None and n >= kill_at and cluster.state(2) == "rebuilding")
+    return np.array(times), np.array(rebuilding)
+
+
+def part_during(rows, iters, compute, share, out):
+    rng = np.random.default_rng(1)
+    work = []
+    for _ in range(iters):
+        ids = (rng.zipf(1.1, 20_000) - 1) % rows
+        work.append((ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)))
+    cluster, client = make_cluster(rows, share=share)
+    with cluster:
+        touch_all(client, rows)
+        kill_at = iters // 4
+        times, rebuilding = train(client, work, compute, kill_at, cluster)
+    before = times[5:kill_at]
+    during = times[rebuilding]
+    after = times[kill_at:][~rebuilding[kill_at:]][1:]
+    first = times[kill_at]
+    rows_out = [["before", before.size, round(1 / before.mean(), 1), 1.0],
+                ["failover iteration", 1, round(1 / first, 1), round(before.mean() / first, 3)],
+                ["during rebuild", during.size, round(1 / during.mean(), 1) if during.size else "-",
+                 round(before.mean() / during.mean(), 3) if during.size else "-"],
+                ["after", after.size, round(1 / after.mean(), 1), round(before.mean() / after.mean(), 3)]]
+    out["during"] = {"times": times.tolist(), "rebuilding": rebuilding.tolist(), "kill_at": kill_at}
+    print(f"  {rows} rows, {compute * 1000:.0f} ms model step, rebuild share {share}: rebuild spanned "
+          f"{during.size} iterations ({during.sum():.2f} s)")
+    report("recovery_during", ["phase", "iterations", "iterations/s", "vs before"], rows_out,
+           {"series": out["during"], "rows": rows, "compute_ms": compute * 1000, "rebuild_share": share})
+    return during.sum() if during.size else 0.0
+
+
+def part_checkpoint(rows, interval, compute, out):
+    """Full checkpoint every `interval` iterations: write cost per checkpoint, then reload + replay."""
+    rng = np.random.default_rng(2)
+    work = [((rng.zipf(1.1, 20_000) - 1) % rows, None) for _ in range(interval)]
+    work = [(ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)) for ids, _ in work]
+    cluster, client = make_cluster(rows, spares=1)
+    with cluster, tempfile.TemporaryDirectory() as tmp:
+        touch_all(client, rows)
+        path = os.path.join(tmp, "checkpoint.npy")
+        start = time.perf_counter()  # the checkpoint: every record of every row, to disk
+        records = np.concatenate([read_all(client, lo, min(rows, lo + (1 << 17))) for lo in range(0, rows, 1 << 17)])
+        with open(path, "wb") as f:
+            np.save(f, records)
+            f.flush()
+            os.fsync(f.fileno())
+        write_secs = time.perf_counter() - start
+        del records
+        _drop_cache(path)
+        start = time.perf_counter()  # recovery: read it back...
+        loaded = np.load(path)
+        load_secs = time.perf_counter() - start
+        del loaded
+        lost = interval // 2  # ...and replay the iterations since it (half an interval on average)
+        start = time.perf_counter()
+        train(client, work[:lost], compute)
+        replay_secs = time.perf_counter() - start
+        ec_secs, rebuilt = rebuild_time(client, cluster)
+        stall = train(client, work[:1], compute, kill_at=None)[0][0]
+    total = load_secs + replay_secs
+    rows_out = [["full checkpoint: reload + replay", round(load_secs, 2), round(replay_secs, 2), round(total, 2), 1.0],
+                ["ectable: rebuild onto a spare", "-", "-", round(ec_secs, 2), round(total / ec_secs, 1)]]
+    out["checkpoint"] = rows_out
+    print(f"  checkpoint of {rows} rows: {write_secs:.2f} s to write; every {interval} iterations; "
+          f"{lost} iterations replayed with a {compute * 1000:.0f} ms model step")
+    report("recovery_vs_checkpoint", ["recovery", "reload s", "replay s", "total s", "ectable faster"], rows_out,
+           {"rows": rows, "interval": interval, "checkpoint_write_s": write_secs, "compute_ms": compute * 1000,
+            "rows_rebuilt": rebuilt, "iteration_after_s": stall})
+
+
+def read_all(client, lo, hi):
+    from ectable.testing import read_records
+    return read_records(client, "t", np.arange(lo, hi))
+
+
+def _drop_cache(path: str) -> None:
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 500_000, 1_000_000, 2_000_000])
+    parser.add_argument("--rows", type=int, default=2_000_000, help="table rows for the training parts")
+    parser.add_argument("--iters", type=int, default=120)
+    parser.add_argument("--compute-ms", type=float, default=20.0)
+    parser.add_argument("--share", type=float, default=0.5, help="rebuild_share while training")
+    parser.add_argument("--interval", type=int, default=100, help="iterations between full checkpoints")
+    parser.add_argument("--parts", nargs="+", default=["size", "during", "checkpoint"])
+    args = parser.parse_args()
+    out: dict = {}
+    compute = args.compute_ms / 1000
+    if "size" in args.parts:
+        part_size(args.sizes, out)
+    if "during" in args.parts:
+        part_during(args.rows, args.iters, compute, args.share, out)
+    if "checkpoint" in args.parts:
+        part_checkpoint(args.rows, args.interval, compute, out)
+
+
+if __name__ == "__main__":
+    main()
