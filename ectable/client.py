@@ -13,6 +13,7 @@ from .shard import NotRebuilt
 from .table import TableSpec
 
 DEADLINE = 30.0
+CREATE_DEADLINE = 600.0  # a new table's initial parity is computed from every row
 REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
 
 
@@ -68,8 +69,8 @@ class Client:
                                       "init": {"kind": init, **init_args}})
         if name in self._tables and self._tables[name][0] != spec:
             raise InvalidRequest(f"table {name!r} exists with a different definition")
-        for p in self._positions():
-            self._call(p, {"op": "create_table", "spec": spec.get_config()}, [])
+        header = {"op": "create_table", "spec": spec.get_config()}  # nodes compute initial parity: in parallel
+        self._gather({(p,): (header, []) for p in self._positions()}, timeout=CREATE_DEADLINE)
         self._remember(spec)
 
     def tables(self) -> dict:
@@ -255,7 +256,7 @@ class Client:
             done[p] = reply["seq"] if "seq" in reply else out
         return done
 
-    def _gather(self, requests: dict) -> dict:
+    def _gather(self, requests: dict, timeout: float = DEADLINE) -> dict:
         """{(node, ...): (header, arrays)} sent all at once -> {key: (reply, arrays)}; once every reply is
         in, raises the first failure (NodeDown or NotRebuilt, with its position)."""
         self._finish_steps()
@@ -267,7 +268,7 @@ class Client:
                 exc.position, failure = key[0], failure or exc
         for key, request in pending.items():
             try:
-                out[key] = self._check_reply(key[0], *request.wait(DEADLINE))
+                out[key] = self._check_reply(key[0], *request.wait(timeout))
             except NodeDown as exc:
                 exc.position, failure = key[0], failure or exc
             except NotRebuilt as exc:

@@ -25,6 +25,7 @@ from .transport import InProcessChannel, ZmqChannel
 
 DEFAULT_R = {"none": 0, "xor": 1, "rs": 2}
 START_TIMEOUT = 60.0
+MAP_RECHECK = 0.2  # seconds between map reads while a request waits on a node
 
 
 class ClusterMap:
@@ -180,7 +181,7 @@ class InProcessCluster(LocalCluster):
 
 class CoordinatedMap:
     """A cluster map kept by a coordinator process: cached here, re-read when a node's reply
-    carries a newer epoch, when a request fails, or (while waiting on a node) every second."""
+    carries a newer epoch, when a request fails, or (while waiting on a node) every MAP_RECHECK seconds."""
 
     def _attach(self, endpoint: str, curve: dict | None) -> None:
         self.context = zmq.Context()
@@ -214,8 +215,8 @@ class CoordinatedMap:
         return reply["map"]
 
     def _live(self, endpoint: str) -> bool:
-        """While a request waits on `endpoint`: is it still a live member (re-reading the map each second)?"""
-        if time.monotonic() - self._checked > 1.0:
+        """While a request waits on `endpoint`: is it still a live member (re-reading the map every MAP_RECHECK s)?"""
+        if time.monotonic() - self._checked > MAP_RECHECK:
             try:
                 self.refresh()
             except Error:

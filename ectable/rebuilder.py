@@ -8,6 +8,7 @@ its time rebuilding. Rows clients touch first are rebuilt on demand by those cli
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -50,5 +51,6 @@ class Rebuilder(threading.Thread):
                 self._halt.wait((time.perf_counter() - started) * (1 - share) / share)
         except Error as exc:  # the node or the cluster went away: a later round starts again
             self.error = str(exc)
+            print(f"ectable rebuilder of node {self.position}: {exc}", file=sys.stderr, flush=True)
         finally:
             cluster.close()

@@ -130,7 +130,8 @@ class Repair:
             have_slots = [int(t) for t in slots if value >> t & 1]
             lost = [int(t) for t in slots if not value >> t & 1]
             if lost:
-                found = self.code.decode({t: blocks[group, t] for t in have_slots}, lost)
+                every = group.size == blocks.shape[0]  # one pattern for all stripes: views, no copies
+                found = self.code.decode({t: blocks[:, t] if every else blocks[group, t] for t in have_slots}, lost)
                 for t in lost:
                     blocks[group, t] = found[t]
 

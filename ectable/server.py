@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -47,11 +48,10 @@ class NodeServer:
             self.endpoint = bind
         self.node: Node | None = None
         self.epoch = 0  # of the last map taken
-        self.coordinator: zmq.Socket | None = None  # heartbeats go there, once a map names it
+        self.heart: _Heart | None = None  # beats to the coordinator, once a map names it
         self.coordinator_endpoint: str | None = None
         self.rebuilder: Rebuilder | None = None
         self.next_rebuilder = 0.0
-        self.next_beat = 0.0
         self.endpoints: list[str] = []
         self.dead: set[int] = set()
         self.peers: dict[int, zmq.Socket] = {}
@@ -97,11 +97,10 @@ class NodeServer:
             return {"error": "invalid", "message": "map names a bad coordinator endpoint"}
         if isinstance(header.get("epoch"), int):
             self.epoch = max(self.epoch, header["epoch"])
-        if coordinator is not None and self.coordinator is None:
+        if coordinator is not None and self.heart is None:
             self.coordinator_endpoint = coordinator
-            self.coordinator = make_socket(self.context, zmq.DEALER, self.curve)
-            self.coordinator.connect(coordinator)
-            self.poller.register(self.coordinator, zmq.POLLIN)
+            self.heart = _Heart(self, coordinator)
+            self.heart.start()
         if self.node is None and header.get("position") is not None:
             try:
                 config = ClusterConfig(**header["config"])
@@ -127,31 +126,12 @@ class NodeServer:
                 self._peer(target)
         return {"source": self.node.source}
 
-    def heartbeat(self) -> None:
-        """Tell the coordinator this node is alive (and how its rebuild goes); hear if it was fenced."""
-        now = time.monotonic()
-        if self.coordinator is None:
-            return
-        while True:
-            try:
-                header, _ = codec.decode(self.coordinator.recv_multipart(flags=zmq.NOBLOCK, copy=False))
-            except zmq.Again:
-                break
-            except codec.Malformed:
-                continue
-            if header.get("fenced") and self.node is not None:
-                self.leave()
-        if now < self.next_beat:
-            return
-        self.next_beat = now + HEARTBEAT
+    def beat(self) -> dict:
+        """This node's heartbeat: who it is and how its rebuild goes (read by the heartbeat thread)."""
         node = self.node
-        beat = {"op": "heartbeat", "endpoint": self.endpoint, "source": node and node.source,
+        return {"op": "heartbeat", "endpoint": self.endpoint, "source": node and node.source,
                 "position": node and node.position, "rebuilding": bool(node and node.rebuilding),
                 "progress": node.rebuild_progress() if node is not None and node.rebuilding else {}}
-        try:
-            self.coordinator.send_multipart(codec.encode(beat, []), flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # not connected yet, or the queue is full: the next beat tries again
 
     def rebuild(self) -> None:
         """While this node is rebuilding, a rebuilder thread pulls what it lacks (restarted if it stops)."""
@@ -202,7 +182,9 @@ class NodeServer:
                     self.read_acks(target, sock)
             self.send_outbox()
             self.resend()
-            self.heartbeat()
+            fenced = self.heart.fenced if self.heart is not None else None
+            if fenced is not None and self.node is not None and self.node.source == fenced:
+                self.leave()
             self.rebuild()
             if busy and self.node is not None and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
@@ -324,12 +306,47 @@ class NodeServer:
             self.rebuilder.join(5)
         for sock in self.peers.values():
             sock.close(0)
-        if self.coordinator is not None:
-            self.coordinator.close(0)
+        if self.heart is not None:
+            self.heart.stop.set()
+            self.heart.join(2)
         self.router.close(0)
         if self.auth is not None:
             self.auth.stop()
         self.context.term()
+
+
+class _Heart(threading.Thread):
+    """Heartbeats to the coordinator every HEARTBEAT seconds, from a thread of their own so that
+    a long request (a big table's initial parity) does not make a node look dead. A reply saying
+    this node's identity is fenced is passed to the main loop, which then leaves. A main loop
+    that hangs is still found out: clients' requests time out and the coordinator's ping fails."""
+
+    def __init__(self, server: NodeServer, endpoint: str):
+        super().__init__(name="heartbeat", daemon=True)
+        self.server, self.endpoint = server, endpoint
+        self.stop = threading.Event()
+        self.fenced: str | None = None  # an identity of this node the coordinator declared dead
+
+    def run(self) -> None:
+        sock = make_socket(self.server.context, zmq.DEALER, self.server.curve)
+        sock.connect(self.endpoint)
+        try:
+            while not self.stop.is_set():
+                beat = self.server.beat()
+                try:
+                    sock.send_multipart(codec.encode(beat, []), flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # not connected yet, or the queue is full: the next beat tries again
+                deadline = time.monotonic() + HEARTBEAT
+                while not self.stop.is_set() and sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                    try:
+                        header, _ = codec.decode(sock.recv_multipart(copy=False))
+                    except codec.Malformed:
+                        continue
+                    if header.get("fenced") and beat["source"] is not None:
+                        self.fenced = beat["source"]
+        finally:
+            sock.close(0)
 
 
 def die_with_parent(parent: int) -> None:
