@@ -11,9 +11,12 @@ Three parts, all in one run, nodes as processes on loopback:
    the during/before throughput ratio).
 3. `checkpoint`: the same failure handled the way training is protected today: a full
    checkpoint of every table every N iterations, so a failure costs reading the last one
-   back and replaying the iterations since (N/2 on average). Its reload reads from disk
-   (the file is dropped from the page cache first) into numpy, a lower bound on loading it
-   into any store.
+   back and replaying the iterations since (N/2 on average, at the measured cost of an
+   iteration). Its reload reads from disk (the file is dropped from the page cache first)
+   into numpy, a lower bound on loading it into any store. Besides the given intervals it
+   uses the one at which writing checkpoints costs training as much as parity does
+   (`--overhead`, from bench.train_loop). Compared with ectable's time to full protection
+   and with the training time ectable's failure cost (part 2).
 """
 from __future__ import annotations
 
@@ -133,24 +136,28 @@ def part_during(rows, iters, compute, share, out):
     during = times[rebuilding]
     after = times[kill_at:][~rebuilding[kill_at:]][1:]
     first = times[kill_at]
-    rows_out = [["before", before.size, round(1 / before.mean(), 1), 1.0],
-                ["failover iteration", 1, round(1 / first, 1), round(before.mean() / first, 3)],
-                ["during rebuild", during.size, round(1 / during.mean(), 1) if during.size else "-",
-                 round(before.mean() / during.mean(), 3) if during.size else "-"],
-                ["after", after.size, round(1 / after.mean(), 1), round(before.mean() / after.mean(), 3)]]
+    lost = first + during.sum() - (during.size + 1) * before.mean()  # training time the failure cost
+
+    def row(name, t):
+        return [name, t.size, round(1 / t.mean(), 1) if t.size else "-", round(before.mean() / t.mean(), 3) if t.size else "-"]
+    rows_out = [row("before", before), row("failover iteration", np.array([first])), row("during rebuild", during),
+                row("after", after)]
     out["during"] = {"times": times.tolist(), "rebuilding": rebuilding.tolist(), "kill_at": kill_at}
     print(f"  {rows} rows, {compute * 1000:.0f} ms model step, rebuild share {share}: rebuild spanned "
-          f"{during.size} iterations ({during.sum():.2f} s)")
+          f"{during.size} iterations ({during.sum():.2f} s); the failure cost training {lost:.2f} s")
     report("recovery_during", ["phase", "iterations", "iterations/s", "vs before"], rows_out,
-           {"series": out["during"], "rows": rows, "compute_ms": compute * 1000, "rebuild_share": share})
-    return during.sum() if during.size else 0.0
+           {"series": out["during"], "rows": rows, "compute_ms": compute * 1000, "rebuild_share": share,
+            "training_lost_s": lost})
+    return lost
 
 
-def part_checkpoint(rows, interval, compute, out):
-    """Full checkpoint every `interval` iterations: write cost per checkpoint, then reload + replay."""
+def part_checkpoint(rows, intervals, compute, overhead, lost_training, out):
+    """Full checkpoints every N iterations against ectable: recovery time, and training time lost."""
     rng = np.random.default_rng(2)
-    work = [((rng.zipf(1.1, 20_000) - 1) % rows, None) for _ in range(interval)]
-    work = [(ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)) for ids, _ in work]
+    work = []
+    for _ in range(30):
+        ids = (rng.zipf(1.1, 20_000) - 1) % rows
+        work.append((ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)))
     cluster, client = make_cluster(rows, spares=1)
     with cluster, tempfile.TemporaryDirectory() as tmp:
         touch_all(client, rows)
@@ -168,21 +175,26 @@ def part_checkpoint(rows, interval, compute, out):
         loaded = np.load(path)
         load_secs = time.perf_counter() - start
         del loaded
-        lost = interval // 2  # ...and replay the iterations since it (half an interval on average)
-        start = time.perf_counter()
-        train(client, work[:lost], compute)
-        replay_secs = time.perf_counter() - start
+        iteration = train(client, work, compute)[0][5:].mean()  # ...and replay, at this cost per iteration
         ec_secs, rebuilt = rebuild_time(client, cluster)
-        stall = train(client, work[:1], compute, kill_at=None)[0][0]
-    total = load_secs + replay_secs
-    rows_out = [["full checkpoint: reload + replay", round(load_secs, 2), round(replay_secs, 2), round(total, 2), 1.0],
-                ["ectable: rebuild onto a spare", "-", "-", round(ec_secs, 2), round(total / ec_secs, 1)]]
+    if overhead:  # the interval at which checkpoints cost training what parity does
+        intervals = [*intervals, int(round(write_secs / (overhead * iteration)))]
+    rows_out = []
+    for interval in intervals:
+        replay = interval / 2 * iteration  # a failure loses half an interval on average
+        total = load_secs + replay
+        rows_out.append([interval, f"{write_secs / (interval * iteration):.1%}", round(load_secs, 2), round(replay, 2),
+                         round(total, 2), round(total / ec_secs, 1),
+                         round(total / lost_training, 1) if lost_training else "-"])
     out["checkpoint"] = rows_out
-    print(f"  checkpoint of {rows} rows: {write_secs:.2f} s to write; every {interval} iterations; "
-          f"{lost} iterations replayed with a {compute * 1000:.0f} ms model step")
-    report("recovery_vs_checkpoint", ["recovery", "reload s", "replay s", "total s", "ectable faster"], rows_out,
-           {"rows": rows, "interval": interval, "checkpoint_write_s": write_secs, "compute_ms": compute * 1000,
-            "rows_rebuilt": rebuilt, "iteration_after_s": stall})
+    print(f"  {rows} rows: a full checkpoint takes {write_secs:.2f} s to write, {load_secs:.2f} s to read back; "
+          f"an iteration takes {iteration * 1000:.0f} ms; ectable rebuilt {rebuilt} rows in {ec_secs:.2f} s"
+          + (f" and training lost {lost_training:.2f} s to the failure" if lost_training else ""))
+    report("recovery_vs_checkpoint", ["checkpoint every", "its overhead", "reload s", "replay s", "total s",
+                                      "vs ectable rebuild", "vs ectable training lost"], rows_out,
+           {"rows": rows, "checkpoint_write_s": write_secs, "checkpoint_read_s": load_secs, "iteration_s": iteration,
+            "ectable_rebuild_s": ec_secs, "ectable_training_lost_s": lost_training, "rows_rebuilt": rebuilt,
+            "parity_overhead": overhead, "compute_ms": compute * 1000})
 
 
 def read_all(client, lo, hi):
@@ -202,17 +214,19 @@ def main():
     parser.add_argument("--iters", type=int, default=120)
     parser.add_argument("--compute-ms", type=float, default=20.0)
     parser.add_argument("--share", type=float, default=0.5, help="rebuild_share while training")
-    parser.add_argument("--interval", type=int, default=100, help="iterations between full checkpoints")
+    parser.add_argument("--intervals", type=int, nargs="+", default=[100, 1000],
+                        help="iterations between full checkpoints")
+    parser.add_argument("--overhead", type=float, default=0.05,
+                        help="parity's training overhead (bench.train_loop): adds the checkpoint interval that costs as much")
     parser.add_argument("--parts", nargs="+", default=["size", "during", "checkpoint"])
     args = parser.parse_args()
     out: dict = {}
     compute = args.compute_ms / 1000
     if "size" in args.parts:
         part_size(args.sizes, out)
-    if "during" in args.parts:
-        part_during(args.rows, args.iters, compute, args.share, out)
+    lost = part_during(args.rows, args.iters, compute, args.share, out) if "during" in args.parts else None
     if "checkpoint" in args.parts:
-        part_checkpoint(args.rows, args.interval, compute, out)
+        part_checkpoint(args.rows, args.intervals, compute, args.overhead, lost, out)
 
 
 if __name__ == "__main__":

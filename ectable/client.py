@@ -439,7 +439,9 @@ class Client:
             exc.position = p
             raise exc
         if error == "stale_cut":
-            raise StaleCut(reply.get("message"))
+            stale = StaleCut(reply.get("message"))
+            stale.behind = bool(reply.get("behind"))
+            raise stale
         if error == "not_member":  # it was declared dead while away and waits as a spare now
             self.cluster.refresh()
             down = NodeDown(f"node {p} no longer holds its position")

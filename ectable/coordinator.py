@@ -199,7 +199,11 @@ class CoordinatorServer:
         op = header.get("op")
         m = self.members
         if op == "heartbeat":
-            return m.heartbeat(header)
+            epoch = m.epoch
+            reply = m.heartbeat(header)
+            if m.epoch != epoch:  # a node finished rebuilding (or began): nodes stamp the new epoch
+                self.broadcast()
+            return reply
         if op == "map":
             return {"map": m.view()}
         if op == "suspect":  # a client's request to p failed: ping it, and fail it over if it is silent

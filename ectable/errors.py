@@ -20,4 +20,7 @@ class NodeDown(Error):
 
 
 class StaleCut(Error):
-    """Rebuilt parity rows were refused: deltas moved on after their data was read. Read again."""
+    """Rebuilt parity rows were refused: deltas moved on after their data was read (read again), or,
+    with `behind`, deltas the data holds have not reached the node yet (send again shortly)."""
+
+    behind = False

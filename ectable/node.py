@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,8 @@ from .layout import Layout, table_offset
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
-MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
+MAX_QUEUED_ROWS = 1 << 18
+SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long  # received delta rows held before they must be folded into parity
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
 
@@ -77,8 +79,10 @@ class Node:
         self.close_pending = False
         self.client_marks: dict[str, int] = {}  # client id -> its last write applied here
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
-        self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta)
+        self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, source, seq)
         self.queued_rows = 0
+        self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
+        self.skipped_from: dict[str, int] = {}  # source -> first seq since which `skipped` is complete
 
     # -- dispatch --------------------------------------------------------
     def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
@@ -225,9 +229,9 @@ class Node:
             shard.parity_slots(stripes)
             if np.unique(stripes).size != stripes.size:
                 raise InvalidRequest(f"table {name!r}: a delta names a stripe twice")
-            work.append((shard, ids, delta))
+            work.append((shard, ids, delta, source, seq))
         self.queued.extend(work)  # applied when the node is idle, or before anything reads parity
-        self.queued_rows += sum(ids.size for _, ids, _ in work)
+        self.queued_rows += sum(w[1].size for w in work)
         if self.queued_rows > MAX_QUEUED_ROWS:
             self.apply_queued()
         self.applied[source] = seq
@@ -237,10 +241,16 @@ class Node:
         return {"ack": seq}, []
 
     def apply_queued(self) -> None:
-        """Fold every received delta into the parity rows."""
+        """Fold every received delta into the parity rows; keep what rows not rebuilt yet skipped."""
         queued, self.queued, self.queued_rows = self.queued, [], 0
-        for shard, ids, delta in queued:
-            shard.apply_delta(ids, delta)
+        now = self.clock()
+        for shard, ids, delta, source, seq in queued:
+            skipped = shard.apply_delta(ids, delta)
+            if skipped is not None:
+                self.skipped.setdefault(source, deque()).append((seq, now, shard.spec.name, *skipped))
+        for source, log in self.skipped.items():  # bounded: a rebuild reading older data reads again
+            while log and now - log[0][1] > SKIPPED_SECONDS:
+                self.skipped_from[source] = log.popleft()[0] + 1
 
     def op_applied(self, header, arrays):
         """Per client, the last write whose delta from `source` this node holds."""
@@ -259,16 +269,21 @@ class Node:
         if shard.missing_data is None:
             return {}, []
         cut = header.get("cut", {})
-        if not isinstance(cut, dict):
+        if not isinstance(cut, dict) or not all(isinstance(v, int) for v in cut.values()):
             raise InvalidRequest("restore cut must map sources to delta numbers")
-        if any(self.applied.get(source, 0) != seq for source, seq in cut.items()):  # parity rows from data that
-            return {"error": "stale_cut", "message": "deltas moved on since the data was read"}, []  # moved on
+        behind = [s for s, seq in cut.items() if self.applied.get(s, 0) < seq]
+        if behind:  # deltas the data already holds are still on their way here: try again shortly
+            return {"error": "stale_cut", "behind": True, "message": f"deltas of {behind} still on their way"}, []
+        if any(self.applied.get(s, 0) > seq and self.skipped_from.get(s, 1) > seq + 1 for s, seq in cut.items()):
+            return {"error": "stale_cut", "message": "deltas moved on further than this node remembers"}, []
         before = shard.missing_count()
         if header.get("kind") == "parity":
             keys = validate.ids(shard.spec.name, keys, shard.layout.num_stripes)
             if values.dtype != np.uint8 or values.shape != (keys.size, shard.width * 4):
                 raise InvalidRequest(f"table {shard.spec.name!r}: parity rows have the wrong shape")
-            shard.restore_parity(keys, values)
+            later = [(ids, delta) for source, seq in cut.items() for n, _, name, ids, delta
+                     in self.skipped.get(source, ()) if n > seq and name == shard.spec.name]
+            shard.restore_parity(keys, values, later)
         else:
             keys = self._ids(shard, keys)
             if values.dtype != np.float32 or values.shape != (keys.size, shard.width):
@@ -286,6 +301,8 @@ class Node:
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
         shard.invalidate(stripes)
+        for source, seq in self.applied.items():  # deltas applied before now are in those rows no more
+            self.skipped_from[source] = max(self.skipped_from.get(source, 1), seq + 1)
         if not self.rebuilding:
             self.rebuilding, self.rebuild_since, self.rebuilt_rows = True, self.clock(), 0
         return {}, []
@@ -369,6 +386,7 @@ class Node:
     def _settle(self):
         if self.rebuilding and all(s.missing_data is None for s in self.shards.values()):
             self.rebuilding = False
+            self.skipped.clear()
 
     def rebuild_progress(self) -> dict:
         """Rows rebuilt and left, the rate since rebuilding began (rows/s), and the time left at that rate."""

@@ -57,9 +57,10 @@ class Repair:
 
         Slots are read from any live node, rebuilding ones included (a slot they have not rebuilt yet
         counts as lost). The cut is consistent when every parity holder read has applied exactly the
-        deltas that the data nodes read had sent it; otherwise deltas are in flight and it is read again.
+        deltas that the data nodes read had sent it; otherwise the parity of holders still waiting for
+        deltas, or the data of nodes that moved on, is read again until it is.
         """
-        _, layout = self.client._table(table)
+        spec, layout = self.client._table(table)
         deadline = time.monotonic() + 30
         unread = None  # slots a rebuilding node said it has not rebuilt
         while True:
@@ -69,25 +70,45 @@ class Repair:
             have &= ~unread
             self._short(table, stripes, have)
             chosen = have & (np.cumsum(have, axis=1) <= layout.k)
+            read = chosen & ~virtual
+            blocks = np.zeros((stripes.size, layout.width, spec.width * 4), dtype=np.uint8)
+            senders, holders = {}, {}
             try:
-                blocks, senders, holders = self._read(table, stripes, nodes, chosen & ~virtual)
+                while read.any():  # the first time every slot; then only what moved on or lagged behind
+                    self._read(table, stripes, nodes, read, blocks, senders, holders)
+                    read = self._inconsistent(nodes, chosen & ~virtual, senders, holders, layout.k)
+                    if read.any():
+                        if time.monotonic() > deadline:
+                            raise Error(f"table {table!r}: parity holders kept lagging behind the data")
+                        time.sleep(0.001)
             except NotRebuilt as exc:
                 self._not_rebuilt(table, stripes, nodes, unread, exc)
                 continue
-            if all(applied.get(source, 0) == int(sent.get(str(q), 0))
-                   for q, applied in holders.items() for source, sent in senders.values()):
-                break
-            if time.monotonic() > deadline:
-                raise Error(f"table {table!r}: parity holders kept lagging behind the data")
-            time.sleep(0.002)
+            break
         self._decode(blocks, chosen, layout.width)
         return blocks, senders
 
-    def _read(self, table, stripes, nodes, read):
-        """Read the chosen slots, one request per node and kind, all in flight at once."""
-        spec, layout = self.client._table(table)
-        k = layout.k
-        blocks = np.zeros((stripes.size, layout.width, spec.width * 4), dtype=np.uint8)
+    @staticmethod
+    def _inconsistent(nodes, read, senders, holders, k) -> np.ndarray:
+        """Slots to read again: parity of holders that have not applied every delta the data nodes
+        read had sent them, and data of nodes that sent deltas a holder applied after the data was read."""
+        lagging, ahead = set(), set()
+        for q, applied in holders.items():
+            for d, (source, sent) in senders.items():
+                have, want = applied.get(source, 0), int(sent.get(str(q), 0))
+                if have < want:
+                    lagging.add(q)
+                elif have > want:
+                    ahead.add(d)
+        again = np.zeros(read.shape, dtype=bool)
+        again[:, :k] = np.isin(nodes[:, :k], list(ahead))
+        again[:, k:] = np.isin(nodes[:, k:], list(lagging))
+        return again & read
+
+    def _read(self, table, stripes, nodes, read, blocks, senders, holders) -> None:
+        """Read the `read` slots into `blocks`, one request per node and kind, all in flight at once;
+        note what each data node had sent (`senders`) and each parity holder applied (`holders`)."""
+        k = self.client._table(table)[1].k
         requests, where = {}, {}
         for node in np.unique(nodes[read]):
             mine = read & (nodes == node)
@@ -100,7 +121,6 @@ class Repair:
             if rows.size:
                 requests[(int(node), "parity")] = ({"op": "get_parity", "table": table}, [stripes[rows]])
                 where[(int(node), "parity")] = (rows, k + cols)
-        senders, holders = {}, {}
         for (node, kind), (reply, arrays) in self.client._gather(requests).items():
             rows, cols = where[(node, kind)]
             blocks[rows, cols] = arrays[0].view(np.uint8) if kind == "data" else arrays[0]
@@ -108,7 +128,6 @@ class Repair:
                 senders[node] = (reply["source"], reply["sent"])
             else:
                 holders[node] = reply["applied"]
-        return blocks, senders, holders
 
     def _not_rebuilt(self, table, stripes, nodes, unread, exc) -> None:
         """A rebuilding node lacks some slots: mark them unread (data ids or parity stripes)."""
@@ -182,20 +201,23 @@ class Repair:
                           [ids, self.read(table, ids, skip=position)])
 
     def _rebuild_parity(self, position: int, table: str, stripes: np.ndarray) -> None:
-        """Parity rows of `position` from their stripes' data; the node takes them only if no delta it
-        applied since is newer than the data read (else they are read again)."""
+        """Parity rows of `position` from their stripes' data, with the deltas the data was read at
+        (the node adds the newer ones it skipped meanwhile, and waits for older ones still on their way)."""
         _, layout = self.client._table(table)
         slot = layout.slot_on(position, stripes)
-        for _ in range(1000):
+        for _ in range(100):
             blocks, senders = self.recover(table, stripes, skip=position)
             rows = np.ascontiguousarray(blocks[np.arange(stripes.size), slot])
             cut = {source: int(sent.get(str(position), 0)) for source, sent in senders.values()}
-            try:
-                self.client._call(position, {"op": "restore", "table": table, "kind": "parity", "cut": cut},
-                                  [stripes, rows])
-                return
-            except StaleCut:
-                time.sleep(0.002)
+            for _ in range(1000):
+                try:
+                    self.client._call(position, {"op": "restore", "table": table, "kind": "parity", "cut": cut},
+                                      [stripes, rows])
+                    return
+                except StaleCut as stale:
+                    if not stale.behind:
+                        break
+                    time.sleep(0.001)
         raise Error(f"table {table!r}: node {position} kept refusing rebuilt parity rows")
 
     def rebuild_step(self, position: int, budget: int) -> int:

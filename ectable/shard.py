@@ -115,13 +115,21 @@ class Shard:
             raise InvalidRequest(f"table {self.spec.name!r}: node {self.node} holds no parity of some stripes")
         return j, self.layout.parity_offset(stripes, j)
 
-    def apply_delta(self, ids: np.ndarray, delta: np.ndarray) -> None:
-        """parity ^= coefficient * delta for each data row's stripe held here (ids: unique stripes)."""
+    def apply_delta(self, ids: np.ndarray, delta: np.ndarray):
+        """parity ^= coefficient * delta for each data row's stripe held here (ids: unique stripes).
+        Rows whose parity is not rebuilt yet are skipped; returns those (ids, delta), or None."""
         j, local = self.parity_slots(self.layout.stripe(ids))
         pos = self.layout.position(ids)
+        skipped = None
         if self.missing_parity is not None:  # not rebuilt yet: its rebuild reads the data as it is then
             keep = ~self.missing_parity[local]
+            if not keep.all():
+                skipped = ids[~keep], delta[~keep]
             j, local, pos, delta = j[keep], local[keep], pos[keep], delta[keep]
+        self._xor_terms(j, local, pos, delta)
+        return skipped
+
+    def _xor_terms(self, j, local, pos, delta) -> None:
         block = self.parity[local]
         gf256.xor_into(block, self.code.delta_terms(j, pos, delta))
         self.parity[local] = block
@@ -141,11 +149,19 @@ class Shard:
         self.missing_data[local[todo]] = False
         self._settle()
 
-    def restore_parity(self, stripes, rows) -> None:
+    def restore_parity(self, stripes, rows, later=()) -> None:
+        """Install rebuilt parity rows of `stripes` not rebuilt yet, then fold in the deltas `later`
+        ([(ids, delta)], skipped while they were missing) that are newer than the data they came from."""
         _, local = self.parity_slots(stripes)
         todo = self.missing_parity[local]
         self.parity[local[todo]] = rows[todo]
         self.missing_parity[local[todo]] = False
+        fresh = stripes[todo]
+        for ids, delta in later:
+            pick = np.isin(self.layout.stripe(ids), fresh)
+            if pick.any():
+                j, loc = self.parity_slots(self.layout.stripe(ids[pick]))
+                self._xor_terms(j, loc, self.layout.position(ids[pick]), delta[pick])
         self._settle()
 
     def invalidate(self, stripes) -> None:

@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import ectable
+from ectable.__main__ import render
 from ectable.testing import check_parity, read_records
 
 
@@ -154,6 +155,8 @@ def test_status_reports_roles_lag_and_recovery(cluster):
     assert st["nodes"][3]["role"] == "rebuilding" and st["recovery"]["rebuilding"] == [3] and st["spares"] == 0
     progress = st["nodes"][3]["rebuild"]
     assert progress["left"] == st["recovery"]["rows_left"] > 0 and progress["done"] >= 0
+    text = render(st)  # what `ectable status --watch` draws
+    assert f"node 3 rebuilding [" in text and f"/ {progress['done'] + progress['left']:,} rows" in text
     client.wait_recovered(timeout=60)
     st = client.status()
     assert st["recovery"]["rebuilding"] == [] and st["recovery"]["rows_left"] == 0 and st["degraded"] == []
