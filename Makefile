@@ -11,19 +11,25 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+$(VENV)/.bench-installed: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q
 
 demo: $(STAMP)
 	$(PY) -m ectable.demo
 
-bench: $(STAMP)
+bench: $(VENV)/.bench-installed
 	$(PY) -m bench.gf_kernel
 	$(PY) -m bench.memory
 	$(PY) -m bench.window_cost
 	$(PY) -m bench.train_loop --compute-ms 20
 	$(PY) -m bench.train_loop
 	$(PY) -m bench.garbage_stream
+	$(PY) -m bench.recovery --sizes 250000 500000 1000000 --rows 1000000 --iters 300 --shares 0.5 0.2
+	$(PY) -m bench.plots
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -121,33 +121,36 @@ def train(client, work, compute, kill_at=None, cluster=None):
     return np.array(times), np.array(rebuilding)
 
 
-def part_during(rows, iters, compute, share, out):
+def part_during(rows, iters, compute, shares, out):
+    """Training through a failure, once per rebuild share; returns the training time each failure cost."""
     rng = np.random.default_rng(1)
     work = []
     for _ in range(iters):
         ids = (rng.zipf(1.1, 20_000) - 1) % rows
         work.append((ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)))
-    cluster, client = make_cluster(rows, share=share)
-    with cluster:
-        touch_all(client, rows)
-        kill_at = iters // 4
-        times, rebuilding = train(client, work, compute, kill_at, cluster)
-    before = times[5:kill_at]
-    during = times[rebuilding]
-    after = times[kill_at:][~rebuilding[kill_at:]][1:]
-    first = times[kill_at]
-    lost = first + during.sum() - (during.size + 1) * before.mean()  # training time the failure cost
-
-    def row(name, t):
-        return [name, t.size, round(1 / t.mean(), 1) if t.size else "-", round(before.mean() / t.mean(), 3) if t.size else "-"]
-    rows_out = [row("before", before), row("failover iteration", np.array([first])), row("during rebuild", during),
-                row("after", after)]
-    out["during"] = {"times": times.tolist(), "rebuilding": rebuilding.tolist(), "kill_at": kill_at}
-    print(f"  {rows} rows, {compute * 1000:.0f} ms model step, rebuild share {share}: rebuild spanned "
-          f"{during.size} iterations ({during.sum():.2f} s); the failure cost training {lost:.2f} s")
-    report("recovery_during", ["phase", "iterations", "iterations/s", "vs before"], rows_out,
-           {"series": out["during"], "rows": rows, "compute_ms": compute * 1000, "rebuild_share": share,
-            "training_lost_s": lost})
+    rows_out, series, lost = [], {}, {}
+    for share in shares:
+        cluster, client = make_cluster(rows, share=share)
+        with cluster:
+            touch_all(client, rows)
+            kill_at = iters // 6
+            times, rebuilding = train(client, work, compute, kill_at, cluster)
+        before, first = times[5:kill_at], times[kill_at]
+        during = times[rebuilding]
+        after = times[kill_at + 1:][~rebuilding[kill_at + 1:]]
+        lost[share] = first + during.sum() - (during.size + 1) * before.mean()  # training time the failure cost
+        rate = 1 / before.mean()
+        rows_out.append([share, round(rate, 1), round(before.mean() / first, 3),
+                         round(before.mean() / during.mean(), 3) if during.size else "-",
+                         round(before.mean() / after.mean(), 3) if after.size else "-",
+                         round(during.sum(), 2), round(lost[share], 2)])
+        series[share] = {"times": times.tolist(), "rebuilding": rebuilding.tolist(), "kill_at": kill_at}
+        print(f"  share {share}: the rebuild spanned {during.size} iterations ({during.sum():.2f} s); "
+              f"the failure cost training {lost[share]:.2f} s", flush=True)
+    out["during"] = series
+    report("recovery_during", ["rebuild share", "it/s before", "failover it.", "during rebuild", "after",
+                               "rebuild s", "training lost s"], rows_out,
+           {"series": series, "rows": rows, "compute_ms": compute * 1000})
     return lost
 
 
@@ -211,9 +214,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 500_000, 1_000_000, 2_000_000])
     parser.add_argument("--rows", type=int, default=2_000_000, help="table rows for the training parts")
-    parser.add_argument("--iters", type=int, default=120)
+    parser.add_argument("--iters", type=int, default=400)
     parser.add_argument("--compute-ms", type=float, default=20.0)
-    parser.add_argument("--share", type=float, default=0.5, help="rebuild_share while training")
+    parser.add_argument("--shares", type=float, nargs="+", default=[0.5, 0.2, 0.1], help="rebuild_share values to train through")
     parser.add_argument("--intervals", type=int, nargs="+", default=[100, 1000],
                         help="iterations between full checkpoints")
     parser.add_argument("--overhead", type=float, default=0.05,
@@ -224,9 +227,9 @@ def main():
     compute = args.compute_ms / 1000
     if "size" in args.parts:
         part_size(args.sizes, out)
-    lost = part_during(args.rows, args.iters, compute, args.share, out) if "during" in args.parts else None
+    lost = part_during(args.rows, args.iters, compute, args.shares, out) if "during" in args.parts else {}
     if "checkpoint" in args.parts:
-        part_checkpoint(args.rows, args.intervals, compute, args.overhead, lost, out)
+        part_checkpoint(args.rows, args.intervals, compute, args.overhead, min(lost.values(), default=None), out)
 
 
 if __name__ == "__main__":

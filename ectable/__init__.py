@@ -1,7 +1,8 @@
 """ectable: erasure-coded, fault-tolerant storage for the embedding tables of recommendation models."""
 from . import config
 from .client import Client
-from .cluster import LocalCluster, connect
+from .cluster import LocalCluster
+from .maps import connect
 from .errors import Error, InvalidRequest, NodeDown, Unavailable
 from .table import TableSpec
 

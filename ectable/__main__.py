@@ -55,7 +55,7 @@ def cmd_up(args) -> None:
 
 
 def cmd_status(args) -> None:
-    from .cluster import RemoteCluster
+    from .maps import RemoteCluster
     cluster = RemoteCluster.from_file(args.config)
     client = cluster.connect()
     try:

@@ -24,7 +24,6 @@ def ratings(seed=0):
 
 def train(cluster, kill_at=None, log=print):
     client = cluster.connect()
-    client.rebuild_budget = 64  # rows per step(): spreads the rebuild over many training steps, to show it
     client.create_table("users", num_rows=USERS, dim=DIM, optimizer="rowwise_adagrad", lr=0.1, seed=1)
     client.create_table("items", num_rows=ITEMS, dim=DIM, optimizer="rowwise_adagrad", lr=0.1, seed=2)
     users, items, r = ratings()
@@ -65,7 +64,9 @@ def main():
         ref_client, steps = train(ref)
         expect = {t: read_records(ref_client, t, np.arange(n)) for t, n in (("users", USERS), ("items", ITEMS))}
     print(f"run with node 2 killed at step {steps // 2}:")
-    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=True) as cluster:
+    # small rebuild rounds and a small share of the spare's time: the rebuild spreads over many steps, to show it
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=True,
+                              rebuild_batch=256, rebuild_share=0.05) as cluster:
         client, _ = train(cluster, kill_at=steps // 2)
         start = time.perf_counter()
         client.wait_recovered(timeout=120)

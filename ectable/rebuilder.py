@@ -28,7 +28,7 @@ class Rebuilder(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        from .cluster import RemoteCluster
+        from .maps import RemoteCluster
         try:
             cluster = RemoteCluster(self.coordinator, self.curve)
         except Error as exc:

@@ -156,7 +156,7 @@ def test_status_reports_roles_lag_and_recovery(cluster):
     progress = st["nodes"][3]["rebuild"]
     assert progress["left"] == st["recovery"]["rows_left"] > 0 and progress["done"] >= 0
     text = render(st)  # what `ectable status --watch` draws
-    assert f"node 3 rebuilding [" in text and f"/ {progress['done'] + progress['left']:,} rows" in text
+    assert "node 3 rebuilding [" in text and f"/ {progress['done'] + progress['left']:,} rows" in text
     client.wait_recovered(timeout=60)
     st = client.status()
     assert st["recovery"]["rebuilding"] == [] and st["recovery"]["rows_left"] == 0 and st["degraded"] == []
