@@ -19,6 +19,7 @@ test: $(STAMP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q
 
 demo: $(STAMP)
+	$(PY) -m pip install --quiet --no-deps recbole==1.2.1 || echo "could not install recbole (MovieLens-100K): the demo falls back to synthetic data"
 	$(PY) -m ectable.demo
 
 bench: $(VENV)/.bench-installed
