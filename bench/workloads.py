@@ -1,0 +1,80 @@
+"""Workloads: a seeded criteo-like generator and MovieLens-100K.
+
+criteo-like (SPEC section 5): 26 tables whose sizes spread log-uniformly from tens of rows to
+millions and add up to ~10M rows (`scale` multiplies them), dim 64, batches of 2048 samples
+with one id per table, ids Zipf-skewed (exponent 1.1, hot rows scattered over the table by a
+multiplicative permutation) so that about 1% of rows take about 90% of accesses.
+
+    python -m bench.workloads [--scale 0.1]     # prints the measured skew and unique rows per batch
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+from .common import report
+
+TABLES, TOTAL_ROWS, BATCH, DIM, ALPHA = 26, 10_000_000, 2048, 64, 1.1
+_PRIMES = (1_000_003, 998_244_353, 2_147_483_647, 4_294_967_291)
+
+
+def criteo_like_sizes(scale: float = 1.0, seed: int = 0) -> dict[str, int]:
+    """{table name: rows}: 26 log-uniform sizes adding up to ~10M rows times `scale`."""
+    rng = np.random.default_rng(seed)
+    raw = np.exp(rng.uniform(math.log(10), math.log(4e6), TABLES))
+    sizes = np.maximum(4, np.round(raw / raw.sum() * TOTAL_ROWS * scale)).astype(np.int64)
+    return {f"c{i:02d}": int(n) for i, n in enumerate(sizes)}
+
+
+def zipf_ids(rng, rows: int, n: int, alpha: float = ALPHA) -> np.ndarray:
+    """`n` ids of a table of `rows` rows: Zipf ranks (continuous inverse CDF, truncated at `rows`)
+    mapped to ids by a multiplicative permutation, so hot rows are spread over stripes and nodes."""
+    u = rng.random(n)
+    ranks = np.floor((1 + u * (rows ** (1 - alpha) - 1)) ** (1 / (1 - alpha))).astype(np.int64) - 1
+    ranks = np.minimum(ranks, rows - 1)
+    mult = next(p for p in _PRIMES if math.gcd(p, rows) == 1)
+    return (ranks * (mult % rows) + 7) % rows
+
+
+def criteo_like_batches(sizes: dict[str, int], batches: int, seed: int = 1, batch: int = BATCH):
+    """`batches` batches: {table: ids} with one id per sample per table."""
+    rng = np.random.default_rng(seed)
+    for _ in range(batches):
+        yield {name: zipf_ids(rng, rows, batch) for name, rows in sizes.items()}
+
+
+def measure(sizes: dict[str, int], batches: int = 200, seed: int = 1) -> dict:
+    """Measured skew (share of accesses that went to the hottest 1% of all rows) and unique rows per batch."""
+    counts = {name: np.zeros(rows, dtype=np.int64) for name, rows in sizes.items()}
+    unique = []
+    for b in criteo_like_batches(sizes, batches, seed):
+        unique.append(sum(np.unique(ids).size for ids in b.values()))
+        for name, ids in b.items():
+            np.add.at(counts[name], ids, 1)
+    allc = np.sort(np.concatenate(list(counts.values())))[::-1]
+    top = max(1, allc.size // 100)
+    return {"rows": int(allc.size), "top1pct_share": float(allc[:top].sum() / allc.sum()),
+            "unique_rows_per_batch": float(np.mean(unique)),
+            "unique_rows_per_table_batch": float(np.mean(unique) / len(sizes))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--batches", type=int, default=200)
+    args = parser.parse_args()
+    sizes = criteo_like_sizes(args.scale)
+    m = measure(sizes, args.batches)
+    print(f"criteo-like at scale {args.scale}: {len(sizes)} tables, {m['rows']:,} rows "
+          f"(smallest {min(sizes.values())}, largest {max(sizes.values()):,}), batches of {BATCH} samples")
+    report("workload_criteo_like", ["measure", "value"],
+           [["rows", m["rows"]], ["share of accesses to the hottest 1% of rows", round(m["top1pct_share"], 3)],
+            ["unique rows per batch (all tables)", round(m["unique_rows_per_batch"])],
+            ["unique rows per table per batch", round(m["unique_rows_per_table_batch"])]],
+           {"sizes": sizes, "batches": args.batches})
+
+
+if __name__ == "__main__":
+    main()
