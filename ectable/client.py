@@ -459,8 +459,9 @@ class Client:
         return reply, out
 
     def _failover(self, p):
-        """The node this client knew at p is gone. The first client to notice installs a spare if one
-        is left and replays, in the node's order, every client's writes that its parity did not hold."""
+        """The node this client knew at p is gone. The first client of this cluster object to notice
+        replays, in the node's order, the writes of its redo log that no parity holds: to the spare now
+        at p, or into the parity if none is left (in process, it installs that spare itself)."""
         source = self._sources.get(p)
         if self.cluster.source(p) == source:  # this client saw it fail first
             self.cluster.mark_dead(p)
@@ -479,8 +480,7 @@ class Client:
         self._log[p].clear()
         for entry in log:
             entry.replayed = True
-        self._invalidate_laggards(log, marks)
-        pending = [self._unapplied(entry, marks) for entry in log]
+        pending = [self._unapplied(entry, marks, self._holds) for entry in log]
         if self.cluster.state(p) == "dead" and self.cluster.replace(p):
             self._refresh_tables()
             for spec, _ in self._tables.values():
@@ -490,45 +490,30 @@ class Client:
             if writes:
                 self._write_node(p, writes)
 
-    def _held(self, entry, marks) -> np.ndarray:
-        """Per position: the last write of entry's client that the survivor there holds (-1: none)."""
-        return np.array([marks[q].get(entry.cid, 0) if q in marks else -1 for q in range(self.nodes)], dtype=np.int64)
-
-    def _invalidate_laggards(self, log, marks):
-        """Deltas travel asynchronously, so a dead node's last windows may have reached some parity
-        holders of a stripe and not others. Stripes whose holders disagree are decoded from the most
-        advanced holder; the parity rows of the others are marked stale and rebuilt from data."""
-        stale: dict[tuple[int, str], list] = {}
-        for entry in log:
-            held_by = self._held(entry, marks)
-            for table, _, ids, _ in entry.writes:
-                layout = self._table(table)[1]
-                if not layout.r:
-                    continue
-                stripes = layout.stripe(ids)
-                holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)])
-                held = held_by[holders]
-                behind = (held >= 0) & (held < entry.cseq) & (entry.cseq <= held.max(axis=0))
-                for j, row in zip(*np.nonzero(behind)):
-                    stale.setdefault((int(holders[j, row]), table), []).append(int(stripes[row]))
-        for (q, table), stripes in stale.items():
-            try:
-                self._call(q, {"op": "invalidate", "table": table}, [np.unique(np.array(stripes, dtype=np.int64))])
-            except NodeDown:
-                continue  # it died too: all its parity is rebuilt from data
-            self.cluster.mark_rebuilding(q)
-
-    def _unapplied(self, entry, marks):
-        """The rows of a logged write whose parity does not hold it yet, judged by each stripe's
-        parity holders (deltas travel asynchronously, so holders may differ)."""
-        held_by = self._held(entry, marks)
+    def _unapplied(self, entry, marks, holds):
+        """The rows of a logged write whose parity does not hold it yet: for each row, the most
+        advanced of its parity holders that has the row's parity row (the coordinator made the
+        others agree, or forget theirs)."""
         out = []
         for table, kind, ids, values in entry.writes:
             layout = self._table(table)[1]
             stripes = layout.stripe(ids)
-            held = np.max([held_by[layout.parity_node(stripes, j)] for j in range(layout.r)], axis=0) \
-                if layout.r else np.full(ids.size, -1)
+            held = np.full(ids.size, -1, dtype=np.int64)
+            for j in range(layout.r):
+                holders = layout.parity_node(stripes, j)
+                for q in np.unique(holders):
+                    pick = holders == q
+                    if int(q) in marks:
+                        have = holds(int(q), table, stripes[pick])
+                        held[pick] = np.maximum(held[pick], np.where(have, marks[int(q)].get(entry.cid, 0), -1))
             todo = held < entry.cseq
             if todo.any():
                 out.append((table, kind, ids[todo], values[todo]))
         return out
+
+    def _holds(self, q, table, stripes) -> np.ndarray:
+        """Which of `stripes` node q has the parity row of (a rebuilding node may lack some)."""
+        try:
+            return self._call(q, {"op": "holds", "table": table}, [stripes])[1][0].astype(bool)
+        except NodeDown:
+            return np.zeros(stripes.size, dtype=bool)

@@ -175,7 +175,8 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
 
     def inject(self, i: int, fault: str, value: float = 1.0) -> None:
         """Arm a fault in active node i: die_before_deltas, die_after_write (SIGKILL at that point),
-        duplicate_deltas, reorder_deltas, delay_deltas (value: seconds)."""
+        duplicate_deltas, reorder_deltas, delay_deltas (value: seconds), hold_deltas_to (value: a
+        position whose deltas are never sent)."""
         self._control(self._view["endpoints"][i], {"op": "fault", "token": self._token, "name": fault, "value": value})
 
     def _control(self, endpoint: str, header: dict) -> None:
@@ -196,7 +197,8 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
                   "coordinator": self.coordinator_endpoint}
         self._control(endpoint, header)
         spares, deadline = view["spares"], time.monotonic() + START_TIMEOUT
-        while self._view["spares"] <= spares:  # its first heartbeat registers it
+        while self._view["spares"] <= spares and endpoint not in self._view["endpoints"]:  # it registered, or
+            # the coordinator put it straight into a dead position
             if time.monotonic() > deadline:
                 raise Error(f"spare {endpoint} did not register with the coordinator")
             time.sleep(0.02)
@@ -208,10 +210,11 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
         started = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env, text=True) for _ in range(count)]
         deadline = time.monotonic() + START_TIMEOUT
         endpoints = []
-        for proc in started:
+        for n, proc in enumerate(started):
             line = _read_line(proc, deadline)
             if not line.startswith("READY "):
-                _stop(proc)
+                for other in started[n:]:  # the ones not registered yet: close() does not know them
+                    _stop(other)
                 raise Error(f"{command[0]} process {proc.pid} failed to start: {line!r}")
             endpoints.append(line.split()[1])
             self._procs[endpoints[-1]] = _Process(proc, endpoints[-1])
@@ -248,10 +251,6 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
 
     def node_pids(self) -> list[int]:
         return [self._procs[e].proc.pid for e in self._view["endpoints"]]
-
-    @property
-    def endpoints(self) -> list[str]:
-        return list(self._view["endpoints"])
 
     def close(self) -> None:
         if self.context is not None:

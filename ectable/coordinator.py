@@ -14,18 +14,22 @@ so clients notice a new map on their next request.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
 import traceback
 
+import numpy as np
 import zmq
 
 from .errors import Error, NodeDown
 from .node import ClusterConfig
+from .table import TableSpec
 from .transport import ZmqChannel, codec
 from .transport.zeromq import make_socket, start_authenticator
 
+ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 HEARTBEAT = 0.5  # seconds between a node's heartbeats
 DEAD_AFTER = 3.0  # a node silent this long is declared dead
 CONTROL_TIMEOUT = 2.0  # a control call to a node (map, tables, ping)
@@ -41,6 +45,7 @@ class Membership:
         self.sources: list[str | None] = [None] * len(endpoints)  # known once the node took its position
         self.states = ["up"] * len(endpoints)  # up | rebuilding | dead
         self.progress: list[dict] = [{} for _ in endpoints]  # from heartbeats: rebuild rows done, left, rate
+        self.generations = [0] * len(endpoints)  # per position: how often its node began rebuilding
         self.spares = list(spares)
         self.fenced: list[str] = []
         now = clock()
@@ -55,8 +60,8 @@ class Membership:
     def heartbeat(self, beat: dict) -> dict:
         """A node is alive; a node declared dead is told it is fenced (it starts over as a spare)."""
         endpoint, source, position = beat.get("endpoint"), beat.get("source"), beat.get("position")
-        if not isinstance(endpoint, str):
-            return {"error": "invalid", "message": "heartbeat needs the node's endpoint"}
+        if not (isinstance(endpoint, str) and ENDPOINT.match(endpoint)):
+            return {"error": "invalid", "message": "heartbeat needs the node's tcp://host:port endpoint"}
         if source in self.fenced:
             return {"epoch": self.epoch, "fenced": True}
         if isinstance(position, int) and 0 <= position < len(self.endpoints) and self.endpoints[position] == endpoint \
@@ -64,6 +69,10 @@ class Membership:
             self.beats[endpoint] = self.clock()
             self.sources[position] = source
             state = "rebuilding" if beat.get("rebuilding") else "up"
+            generation = beat.get("generation") if isinstance(beat.get("generation"), int) else 0
+            if generation < self.generations[position]:
+                state = self.states[position]  # a beat sent before the node was told to rebuild
+            self.generations[position] = max(generation, self.generations[position])
             if state != self.states[position]:
                 self.states[position] = state
                 self.epoch += 1
@@ -101,6 +110,7 @@ class Membership:
     def install(self, p: int, endpoint: str, source: str) -> None:
         """A spare took dead position p; it is rebuilding."""
         self.endpoints[p], self.sources[p], self.states[p] = endpoint, source, "rebuilding"
+        self.generations[p] = 0
         self.beats[endpoint] = self.clock()
         self.epoch += 1
 
@@ -129,7 +139,11 @@ class CoordinatorServer:
         if channel is None:
             channel = self.channels[endpoint] = ZmqChannel(endpoint, self.context, self.curve,
                                                            connect_timeout=CONTROL_TIMEOUT)
-        reply = channel.call(header, list(arrays), CONTROL_TIMEOUT)
+        try:
+            reply = channel.call(header, list(arrays), CONTROL_TIMEOUT)
+        except zmq.ZMQError as exc:  # a bad endpoint, say: as good as dead
+            self.channels.pop(endpoint).close()
+            raise NodeDown(f"{endpoint}: {exc}") from None
         if reply[0].get("error"):
             raise Error(f"node {endpoint}: {reply[0].get('message')}")
         return reply
@@ -165,21 +179,73 @@ class CoordinatorServer:
                     pass  # its heartbeats will tell
 
     def fail(self, p: int) -> None:
-        """Declare position p dead, fence it everywhere, then put a spare in its place if one is left."""
+        """Declare position p dead, fence it everywhere, make its stripes' parity agree, then put a
+        spare in its place if one is left."""
         m = self.members
+        source = m.sources[p]
         m.declare_dead(p)
         self.broadcast()  # fenced on every survivor before any client sees the new epoch
+        if source is not None:
+            self.reconcile(p, source)
+        self.refill()
+
+    def reconcile(self, p: int, source: str) -> None:
+        """A dead node's last windows may have reached some survivors and not others. Every survivor
+        behind (or, rebuilding, apart from) the most advanced up node forgets the parity rows of the
+        stripes p held data in; they are rebuilt from data, after clients replayed what no parity holds."""
+        m = self.members
+        marks = {}
+        for q, endpoint in enumerate(m.endpoints):
+            if m.states[q] != "dead":
+                try:
+                    marks[q] = self._control(endpoint, {"op": "applied", "source": source})[0]["clients"]
+                except (NodeDown, Error):
+                    pass  # it died too
+        trusted = [q for q in marks if m.states[q] == "up"] or list(marks)
+        if not trusted:
+            return
+        best = marks[max(trusted, key=lambda q: sum(marks[q].values()))]
+        apart = [q for q in marks if marks[q] != best]
+        for spec in self._tables() if apart else ():
+            layout = m.config.layout(TableSpec.from_config(spec))
+            for q in apart:
+                for j in range(layout.r):
+                    stripes = layout.stripes_of(q, layout.k + j)
+                    mine = (layout.slot_node(stripes[:, None], np.arange(layout.k)) == p).any(axis=1)
+                    if mine.any():
+                        try:
+                            reply = self._control(m.endpoints[q], {"op": "invalidate", "table": spec["name"]},
+                                                  [stripes[mine]])[0]
+                            m.generations[q] = max(m.generations[q], reply.get("generation", 0))
+                        except (NodeDown, Error):
+                            pass
+                m.states[q] = "rebuilding"
+        if apart:
+            m.epoch += 1
+            self.broadcast()
+
+    def refill(self) -> None:
+        """Put live spares in dead positions, giving each its position, then its tables."""
+        m = self.members
+        for p in [q for q, state in enumerate(m.states) if state == "dead"]:
+            self._install(p)
+
+    def _install(self, p: int) -> None:
+        m = self.members
         while True:
             spare = m.take_spare()
             if spare is None:
                 return
+            source = None
             try:
                 tables = self._tables()
                 source = self._control(spare, self._map_header(position=p, rebuilding=True))[0]["source"]
                 for spec in tables:
                     self._control(spare, {"op": "create_table", "spec": spec})
             except (NodeDown, Error):
-                continue  # that spare is gone too: try the next
+                if source is not None:  # it took the position, then failed: if it lives, it must let go
+                    m.fenced.append(source)
+                continue  # try the next spare
             m.install(p, spare, source)
             self.broadcast()
             return
@@ -199,10 +265,18 @@ class CoordinatorServer:
         op = header.get("op")
         m = self.members
         if op == "heartbeat":
+            if self.token is not None and header.get("token") != self.token:
+                return {"error": "invalid", "message": "heartbeats need the cluster's token"}
             epoch = m.epoch
             reply = m.heartbeat(header)
             if m.epoch != epoch:  # a node finished rebuilding (or began): nodes stamp the new epoch
                 self.broadcast()
+            elif isinstance(header.get("epoch"), int) and header["epoch"] < m.epoch \
+                    and header.get("endpoint") in m.endpoints and not reply.get("fenced"):
+                try:  # it missed a map (a push timed out): send it again
+                    self._control(header["endpoint"], self._map_header())
+                except (NodeDown, Error):
+                    pass
             return reply
         if op == "map":
             return {"map": m.view()}
@@ -237,17 +311,22 @@ class CoordinatorServer:
                 next_assign = time.monotonic() + HEARTBEAT
             for p in self.members.silent():
                 self.fail(p)
+            if self.members.spares and "dead" in self.members.states:
+                self.refill()  # a spare that arrived after the failure
             if self.parent and os.getppid() != self.parent:
                 break
         self.close()
 
     def _answer(self, frames) -> None:
         identity = frames[0]
+        header = {}
         try:
             header, _ = codec.decode(frames[1:])
             reply = self.handle(header) if isinstance(header, dict) else {"error": "invalid", "message": "bad header"}
         except Exception as exc:  # never die of input
-            header, reply = {}, {"error": "malformed", "message": str(exc)}
+            reply = {"error": "malformed", "message": str(exc)}
+        if not isinstance(header, dict):
+            header = {}
         try:
             self.router.send_multipart([identity, *codec.encode({**reply, "id": header.get("id")}, [])],
                                        flags=zmq.NOBLOCK)

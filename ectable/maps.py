@@ -70,8 +70,7 @@ class CoordinatedMap:
         self.coordinator_endpoint = endpoint
         self._coordinator = ZmqChannel(endpoint, self.context, curve)
         self._channels: dict[str, ZmqChannel] = {}
-        self._rebuilding: set[str] = set()  # identities this client saw told to rebuild parity
-        self._rebuilt: set[str] = set()  # identities this client saw finish rebuilding
+        self._rebuilding: set[str] = set()  # identities this client saw lack rows before the map said so
         self._checked = 0.0
         self.refresh()
 
@@ -118,9 +117,7 @@ class CoordinatedMap:
         state, source = self._view["states"][p], self._view["sources"][p]
         if state == "dead":
             return "dead"
-        if source in self._rebuilding or (state == "rebuilding" and source not in self._rebuilt):
-            return "rebuilding"
-        return "up"
+        return "rebuilding" if state == "rebuilding" or source in self._rebuilding else "up"
 
     def mark_dead(self, p: int) -> None:
         """A request to p failed: the coordinator pings it and fails it over if it is silent."""
@@ -131,14 +128,13 @@ class CoordinatedMap:
         return {}
 
     def mark_rebuilding(self, p: int) -> None:
-        source = self._view["sources"][p]
-        self._rebuilding.add(source)
-        self._rebuilt.discard(source)
+        self._rebuilding.add(self._view["sources"][p])
 
     def rebuilt(self, p: int) -> None:
-        source = self._view["sources"][p]
-        self._rebuilding.discard(source)
-        self._rebuilt.add(source)
+        """Its rebuild is done: trust the map again (it says so within a heartbeat)."""
+        self._rebuilding.discard(self._view["sources"][p])
+        if self._view["states"][p] == "rebuilding":
+            self.refresh()
 
     def replace(self, p: int) -> bool:
         return False  # the coordinator puts spares in place

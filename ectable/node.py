@@ -60,6 +60,7 @@ class Node:
         self.code = config.make_code()
         self.rebuilding = rebuilding
         self.rebuild_since = clock() if rebuilding else None
+        self.generation = int(rebuilding)  # counts the times this node began rebuilding
         self.rebuilt_rows = 0  # data and parity rows restored since rebuilding began
         self.source = f"node/{position}/{secrets.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
@@ -78,6 +79,7 @@ class Node:
         self.lazy_close = lazy_close  # step() only marks the window for closing (node processes)
         self.close_pending = False
         self.client_marks: dict[str, int] = {}  # client id -> its last write applied here
+        self.client_writes: dict[str, tuple[int, int]] = {}  # client id -> (its last write, our seq for it)
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, source, seq)
         self.queued_rows = 0
@@ -94,6 +96,8 @@ class Node:
             method = self._ops.get(op) if isinstance(op, str) else None
             if method is None:
                 raise InvalidRequest(f"unknown op {op!r}")
+            if header.get("node") not in (None, self.source):  # meant for another incarnation of this position
+                return {"error": "not_member", "message": f"this is {self.source}, not {header['node']}"}, []
             if self.close_pending and op not in LEAVES_WINDOW_OPEN:
                 self.close_window()
             if op in READS_PARITY and self.queued:
@@ -169,6 +173,12 @@ class Node:
         parts = header.get("parts")
         if not isinstance(parts, list) or not all(isinstance(x, list) and len(x) == 2 for x in parts):
             raise InvalidRequest("write needs parts [[table, kind], ...]")
+        cid, cseq = header.get("cid"), header.get("cseq")
+        if not (isinstance(cid, str) and len(cid) <= 64 and isinstance(cseq, int)):
+            cid = cseq = None
+        elif cseq <= self.client_marks.get(cid, 0):  # a retry of a write applied here: apply it once
+            last, seq = self.client_writes.get(cid, (0, 0))
+            return {"seq": seq if cseq == last else self.durable_seq, "duplicate": True}, []
         self._arrays(arrays, 2 * len(parts))
         work = []
         for n, (table, kind) in enumerate(parts):
@@ -187,9 +197,9 @@ class Node:
             apply(ids, values)
         self.write_seq += 1
         seq = self.write_seq
-        cid, cseq = header.get("cid"), header.get("cseq")
-        if isinstance(cid, str) and len(cid) <= 64 and isinstance(cseq, int):
-            self.client_marks[cid] = max(cseq, self.client_marks.get(cid, 0))  # this client's writes so far
+        if cid is not None:
+            self.client_marks[cid] = cseq  # this client's writes so far (they arrive in order)
+            self.client_writes[cid] = (cseq, seq)
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
         return {"seq": seq}, []
 
@@ -256,6 +266,15 @@ class Node:
         """Per client, the last write whose delta from `source` this node holds."""
         return {"clients": self.applied_clients.get(header.get("source"), {})}, []
 
+    def op_holds(self, header, arrays):
+        """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt)."""
+        shard = self._shard(header)
+        (stripes,) = self._arrays(arrays, 1)
+        stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
+        _, local = shard.parity_slots(stripes)
+        missing = shard.missing_parity
+        return {}, [np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8)]
+
     def op_get_parity(self, header, arrays):
         shard = self._shard(header)
         (stripes,) = self._arrays(arrays, 1)
@@ -305,10 +324,12 @@ class Node:
             self.skipped_from[source] = max(self.skipped_from.get(source, 1), seq + 1)
         if not self.rebuilding:
             self.rebuilding, self.rebuild_since, self.rebuilt_rows = True, self.clock(), 0
-        return {}, []
+            self.generation += 1
+        return {"generation": self.generation}, []
 
     def op_missing(self, header, arrays):
         """Ids and stripes still to rebuild, at most `limit` of each, per table."""
+        self._settle()  # a spare given no tables has nothing to rebuild
         limit = int(header.get("limit", 1 << 16))
         out, names = [], []
         for name, shard in self.shards.items():
@@ -390,7 +411,7 @@ class Node:
 
     def rebuild_progress(self) -> dict:
         """Rows rebuilt and left, the rate since rebuilding began (rows/s), and the time left at that rate."""
-        left = sum(s.missing_count() for s in self.shards.values())
+        left = sum(s.missing_count() for s in list(self.shards.values()))
         elapsed = self.clock() - self.rebuild_since if self.rebuild_since is not None else 0.0
         rate = self.rebuilt_rows / elapsed if elapsed > 0 else 0.0
         return {"done": self.rebuilt_rows, "left": left, "rate": rate, "eta": left / rate if rate else None}

@@ -197,8 +197,13 @@ class Repair:
     # -- rebuilding a replacement ----------------------------------------
     def rebuild_rows(self, position: int, table: str, ids: np.ndarray) -> None:
         """Rebuild data rows of the node at `position` now (they were touched before their turn)."""
-        self.client._call(position, {"op": "restore", "table": table, "kind": "data"},
-                          [ids, self.read(table, ids, skip=position)])
+        rows = self.read(table, ids, skip=position)
+        self.client._call(position, {"op": "restore", "table": table, "kind": "data", "node": self._node(position)},
+                          [ids, rows])
+
+    def _node(self, position: int) -> str | None:
+        """The identity this client expects at `position`: restores meant for it go nowhere else."""
+        return self.client._sources.get(position)
 
     def _rebuild_parity(self, position: int, table: str, stripes: np.ndarray) -> None:
         """Parity rows of `position` from their stripes' data, with the deltas the data was read at
@@ -211,8 +216,8 @@ class Repair:
             cut = {source: int(sent.get(str(position), 0)) for source, sent in senders.values()}
             for _ in range(1000):
                 try:
-                    self.client._call(position, {"op": "restore", "table": table, "kind": "parity", "cut": cut},
-                                      [stripes, rows])
+                    self.client._call(position, {"op": "restore", "table": table, "kind": "parity", "cut": cut,
+                                                 "node": self._node(position)}, [stripes, rows])
                     return
                 except StaleCut as stale:
                     if not stale.behind:
@@ -222,7 +227,7 @@ class Repair:
 
     def rebuild_step(self, position: int, budget: int) -> int:
         """Rebuild up to `budget` rows and parity rows of the node at `position`; returns how many remain."""
-        reply, arrays = self.client._call(position, {"op": "missing", "limit": budget}, [])
+        reply, arrays = self.client._call(position, {"op": "missing", "limit": budget, "node": self._node(position)}, [])
         for t, table in enumerate(reply["tables"]):
             ids, stripes = arrays[2 * t], arrays[2 * t + 1]
             if ids.size:

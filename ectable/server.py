@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import re
 import signal
 import sys
 import threading
@@ -19,16 +18,15 @@ import traceback
 
 import zmq
 
-from .coordinator import HEARTBEAT
+from .coordinator import ENDPOINT, HEARTBEAT
 from .node import ClusterConfig, Node
 from .rebuilder import Rebuilder
 from .transport import codec
 from .transport.zeromq import make_socket, start_authenticator
 
-_ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02
-FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas"}
+FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas", "hold_deltas_to"}
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
 
 
@@ -89,14 +87,16 @@ class NodeServer:
         """Take a position (once), learn the coordinator, peers' endpoints and which positions are dead."""
         endpoints, dead = header.get("endpoints"), header.get("dead", [])
         coordinator = header.get("coordinator")
-        if not (isinstance(endpoints, list) and all(isinstance(e, str) and _ENDPOINT.match(e) for e in endpoints)
+        if not (isinstance(endpoints, list) and all(isinstance(e, str) and ENDPOINT.match(e) for e in endpoints)
                 and isinstance(dead, list) and all(isinstance(d, int) and 0 <= d < len(endpoints) for d in dead)
                 and (self.node is None or len(endpoints) == self.node.config.nodes)):
             return {"error": "invalid", "message": "map needs tcp://host:port endpoints, one per node, and dead positions"}
-        if coordinator is not None and not (isinstance(coordinator, str) and _ENDPOINT.match(coordinator)):
+        if coordinator is not None and not (isinstance(coordinator, str) and ENDPOINT.match(coordinator)):
             return {"error": "invalid", "message": "map names a bad coordinator endpoint"}
         if isinstance(header.get("epoch"), int):
-            self.epoch = max(self.epoch, header["epoch"])
+            if header["epoch"] < self.epoch:  # an older map overtaken by a newer one: keep the newer
+                return {"source": self.node and self.node.source}
+            self.epoch = header["epoch"]
         if coordinator is not None and self.heart is None:
             self.coordinator_endpoint = coordinator
             self.heart = _Heart(self, coordinator)
@@ -128,9 +128,12 @@ class NodeServer:
 
     def beat(self) -> dict:
         """This node's heartbeat: who it is and how its rebuild goes (read by the heartbeat thread)."""
-        node = self.node
-        return {"op": "heartbeat", "endpoint": self.endpoint, "source": node and node.source,
-                "position": node and node.position, "rebuilding": bool(node and node.rebuilding),
+        return self.beat_of(self.node)
+
+    def beat_of(self, node) -> dict:
+        return {"op": "heartbeat", "token": self.token, "epoch": self.epoch, "endpoint": self.endpoint,
+                "source": node and node.source, "position": node and node.position,
+                "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0,
                 "progress": node.rebuild_progress() if node is not None and node.rebuilding else {}}
 
     def rebuild(self) -> None:
@@ -250,6 +253,8 @@ class NodeServer:
             hold = self.faults.get("delay_deltas", 0.0)
             if "reorder_deltas" in self.faults and header["seq"] % 2:  # odd ones overtaken by the next
                 hold = self.faults["reorder_deltas"]
+            if target == self.faults.get("hold_deltas_to"):
+                hold = 1e9  # never sent: as if lost in the network until this node dies
             if hold:
                 self.fault_hits += 1
                 self.inflight[key] = (self.inflight[key][0], now + hold - RESEND)  # the resend pass sends it then
@@ -278,8 +283,9 @@ class NodeServer:
 
     def resend(self) -> None:
         now = time.monotonic()
+        held = self.faults.get("hold_deltas_to")
         for (target, seq), (_, sent) in list(self.inflight.items()):
-            if now - sent > RESEND:
+            if now - sent > RESEND and target != held:
                 self._send(target, seq)
 
     def read_acks(self, target, sock) -> None:
@@ -332,7 +338,12 @@ class _Heart(threading.Thread):
         sock.connect(self.endpoint)
         try:
             while not self.stop.is_set():
-                beat = self.server.beat()
+                try:
+                    beat = self.server.beat()
+                except Exception:  # the main thread changed the node under us: beat without progress
+                    node = self.server.node
+                    beat = {**self.server.beat_of(None), "source": node and node.source,
+                            "position": node and node.position, "rebuilding": True}
                 try:
                     sock.send_multipart(codec.encode(beat, []), flags=zmq.NOBLOCK)
                 except zmq.ZMQError:

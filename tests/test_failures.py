@@ -127,3 +127,43 @@ def test_beyond_r_failures_only_the_lost_stripes_are_unavailable():
             client.get("t", ids[lost][:5])
         np.testing.assert_array_equal(client.get("t", ids[~lost]), ref.get("t", ids[~lost]))
         assert client.status()["degraded"] == [0, 1]
+
+
+@pytest.mark.parametrize("spares", [1, 0])
+def test_a_window_that_reached_one_parity_holder_and_not_the_other(spares):
+    """rs(3,2): node 2's last window reaches one parity holder of its stripes, never the other, then
+    node 2 dies. The coordinator makes the holders agree before the spare (or a degraded read) decodes."""
+    cluster, reference, (client, ref) = make("rs", spares=spares)
+    with cluster, reference:
+        rng = np.random.default_rng(5)
+        write((client, ref), rng)
+        client.flush()
+        layout = client._table("t")[1]
+        ids = np.flatnonzero(layout.data_node(np.arange(3000)) == 2)[:200]
+        holders = layout.parity_node(layout.stripe(ids), 0)
+        lagging = int(np.bincount(holders).argmax())
+        cluster.inject(2, "hold_deltas_to", lagging)
+        for c in (client, ref):
+            c.apply_gradient("t", ids, np.ones((ids.size, 8), dtype=np.float32))
+        client.step()
+        time.sleep(0.5)  # the window closed; its deltas reached every holder but `lagging`
+        cluster.kill(2)
+        assert same(client, ref)
+        if spares:
+            client.wait_recovered(timeout=60)
+            client.flush()
+            check_parity(cluster, client)
+            assert same(client, ref)
+
+
+def test_a_spare_added_after_a_failure_takes_the_dead_position():
+    cluster, reference, (client, ref) = make("xor", spares=0)
+    with cluster, reference:
+        write((client, ref), np.random.default_rng(6))
+        cluster.kill(1)
+        assert same(client, ref) and client.status()["degraded"] == [1]
+        cluster.add_spare()
+        client.wait_recovered(timeout=60)
+        client.flush()
+        check_parity(cluster, client)
+        assert same(client, ref) and client.status()["degraded"] == []

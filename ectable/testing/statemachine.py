@@ -128,6 +128,7 @@ class ClusterMachine(RuleBasedStateMachine):
             event("recovered" + (" a rebuilding node" if rebuilding else ""))
 
     def _unhealthy(self):
+        self.cluster.refresh()  # node processes: the coordinator's map, not this client's last look at it
         return [p for p in range(self.nodes) if self.cluster.state(p) != "up"]
 
     @invariant()
