@@ -258,7 +258,7 @@ class Client:
 
     def _gather(self, requests: dict, timeout: float = DEADLINE) -> dict:
         """{(node, ...): (header, arrays)} sent all at once -> {key: (reply, arrays)}; once every reply is
-        in, raises the first failure (NodeDown or NotRebuilt, with its position)."""
+        in, raises the first failure (NodeDown or NotRebuilt carry their position)."""
         self._finish_steps()
         pending, out, failure = {}, {}, None
         for key, (header, arrays) in requests.items():
@@ -271,7 +271,7 @@ class Client:
                 out[key] = self._check_reply(key[0], *request.wait(timeout))
             except NodeDown as exc:
                 exc.position, failure = key[0], failure or exc
-            except NotRebuilt as exc:
+            except Error as exc:  # NotRebuilt and the like: every reply is still read first
                 failure = failure or exc
         if failure is not None:
             raise failure

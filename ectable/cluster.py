@@ -194,6 +194,7 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
         view = self._view
         header = {"op": "map", "token": self._token, "config": self.config.get_config(), "endpoints": view["endpoints"],
                   "dead": [p for p, s in enumerate(view["states"]) if s == "dead"], "epoch": view["epoch"],
+                  "fenced": view["fenced"],
                   "coordinator": self.coordinator_endpoint}
         self._control(endpoint, header)
         spares, deadline = view["spares"], time.monotonic() + START_TIMEOUT

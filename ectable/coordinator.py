@@ -287,8 +287,10 @@ class CoordinatorServer:
                     self.fail(p)  # the process that started it saw it exit
                     return {"map": m.view()}
                 try:
-                    self._control(m.endpoints[p], {"op": "ping"})
+                    answered = self._control(m.endpoints[p], {"op": "ping"})[0].get("position") == p
                 except (NodeDown, Error):
+                    answered = False
+                if not answered:
                     self.fail(p)
             return {"map": m.view()}
         if op == "shutdown" and self.token is not None and header.get("token") == self.token:

@@ -22,9 +22,9 @@ from .layout import Layout, table_offset
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
-MAX_QUEUED_ROWS = 1 << 18
-SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long  # received delta rows held before they must be folded into parity
-READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status"}
+MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
+SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long
+READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
 
 

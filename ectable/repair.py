@@ -1,7 +1,9 @@
 """Degraded reads, degraded writes and rebuilds: decoding rows from the survivors of their stripes.
 
-Survivors return their *committed* records (as of their open window's start),
-which are exactly what the parity holds, so every decode reads a consistent cut.
+Survivors return their *committed* records (as of their open window's start) with the numbers
+of the deltas those records were sent in; parity holders return what they applied. Reads are
+repeated for whatever does not match, so every decode reads a consistent cut without stopping
+writers (see `recover`).
 """
 from __future__ import annotations
 
