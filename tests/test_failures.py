@@ -28,6 +28,14 @@ def same(client, reference):
     return np.array_equal(read_records(client, "t", ids), read_records(reference, "t", ids))
 
 
+def recovered_and_exact(cluster, client, ref):
+    """Wait for every rebuild, then check parity against a fresh encode and every record against ref."""
+    client.wait_recovered(timeout=60)
+    client.flush()
+    check_parity(cluster, client)
+    assert same(client, ref)
+
+
 def write(clients, rng, rounds=3, step=True):
     for _ in range(rounds):
         ids = rng.integers(0, 3000, 500)
@@ -67,10 +75,7 @@ def test_a_silent_node_is_declared_dead_replaced_and_fenced_when_it_returns():
             cluster.refresh()
         assert cluster.spares_left() == 1
         write((client, ref), rng)
-        client.wait_recovered(timeout=60)
-        client.flush()
-        check_parity(cluster, client)
-        assert same(client, ref)
+        recovered_and_exact(cluster, client, ref)
         cluster.kill(3)  # the returned node now serves as the spare
         write((client, ref), rng)
         client.wait_recovered(timeout=60)
@@ -89,10 +94,7 @@ def test_a_node_dying_between_its_write_and_its_delta_loses_nothing(fault, code)
         write((client, ref), rng, rounds=4)  # node 2 SIGKILLs itself at the armed point
         assert cluster.node_pids()[2] != pid and cluster.state(2) != "dead"  # a spare took its place
         assert same(client, ref)
-        client.wait_recovered(timeout=60)
-        client.flush()
-        check_parity(cluster, client)
-        assert same(client, ref)
+        recovered_and_exact(cluster, client, ref)
 
 
 @pytest.mark.parametrize("fault", ["duplicate_deltas", "reorder_deltas", "delay_deltas"])
@@ -150,10 +152,7 @@ def test_a_window_that_reached_one_parity_holder_and_not_the_other(spares):
         cluster.kill(2)
         assert same(client, ref)
         if spares:
-            client.wait_recovered(timeout=60)
-            client.flush()
-            check_parity(cluster, client)
-            assert same(client, ref)
+            recovered_and_exact(cluster, client, ref)
 
 
 def test_a_spare_added_after_a_failure_takes_the_dead_position():
@@ -163,7 +162,5 @@ def test_a_spare_added_after_a_failure_takes_the_dead_position():
         cluster.kill(1)
         assert same(client, ref) and client.status()["degraded"] == [1]
         cluster.add_spare()
-        client.wait_recovered(timeout=60)
-        client.flush()
-        check_parity(cluster, client)
-        assert same(client, ref) and client.status()["degraded"] == []
+        recovered_and_exact(cluster, client, ref)
+        assert client.status()["degraded"] == []
