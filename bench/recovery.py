@@ -117,7 +117,7 @@ def train(client, work, compute, kill_at=None, cluster=None):
         client.apply_gradient("t", ids, grads)
         client.step()
         times.append(time.perf_counter() - start)
-        rebuilding.append(kill_at is not None and n >= kill_at and cluster.state(2) == "rebuilding")
+        rebuilding.append(kill_at is not None and n >= kill_at and client._rebuild_left(2) > 0)
     return np.array(times), np.array(rebuilding)
 
 

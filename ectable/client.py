@@ -362,24 +362,27 @@ class Client:
         }
 
     def wait_recovered(self, timeout: float = 60.0) -> None:
-        """Block until every stripe is fully protected again."""
+        """Block until every stripe is fully protected again (every live node has all its rows)."""
         deadline = time.monotonic() + timeout
         for p in range(self.nodes):
-            self._try(p, {"op": "status"})
-        for p in range(self.nodes):
-            while self._state(p) == "rebuilding":
+            while self._state(p) != "dead" and self._rebuild_left(p):
                 if time.monotonic() > deadline:
                     raise Error(f"node {p} is still rebuilding after {timeout} s")
-                if self.cluster.rebuilds_itself:  # its rebuilder works; ask how far it got
-                    reply = self._try(p, {"op": "status"})
-                    if reply is not None and reply[0]["status"]["rebuild_missing"] == 0:
-                        self.cluster.rebuilt(p)
-                    time.sleep(0.02)
+                if self.cluster.rebuilds_itself:
+                    time.sleep(0.01)  # its rebuilder works
                 else:
                     self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
         dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
         if dead:
             raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")
+
+    def _rebuild_left(self, p) -> int:
+        """Rows node p still has to rebuild (0 if it died meanwhile: it is failed over)."""
+        reply = self._try(p, {"op": "status"})
+        left = reply[0]["status"]["rebuild_missing"] if reply is not None else 0
+        if not left and self._state(p) == "rebuilding":
+            self.cluster.rebuilt(p)
+        return left
 
     # -- plumbing --------------------------------------------------------
     def _by_node(self, layout, ids):
@@ -477,10 +480,10 @@ class Client:
                 except NodeDown:
                     pass  # it died too: its parity is rebuilt, it holds nothing
         log = list(self._log[p])
+        pending = [self._unapplied(entry, marks, self._holds) for entry in log]  # before the log lets go
         self._log[p].clear()
         for entry in log:
             entry.replayed = True
-        pending = [self._unapplied(entry, marks, self._holds) for entry in log]
         if self.cluster.state(p) == "dead" and self.cluster.replace(p):
             self._refresh_tables()
             for spec, _ in self._tables.values():

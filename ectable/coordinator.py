@@ -151,6 +151,7 @@ class CoordinatorServer:
     def _map_header(self, **extra) -> dict:
         m = self.members
         return {"op": "map", "token": self.token, "config": m.config.get_config(), "endpoints": m.endpoints,
+                "sources": m.sources,
                 "dead": [p for p, s in enumerate(m.states) if s == "dead"], "fenced": m.fenced,
                 "epoch": m.epoch, "coordinator": self.endpoint, **extra}
 
@@ -190,39 +191,52 @@ class CoordinatorServer:
         self.refill()
 
     def reconcile(self, p: int, source: str) -> None:
-        """A dead node's last windows may have reached some survivors and not others. Every survivor
-        behind (or, rebuilding, apart from) the most advanced up node forgets the parity rows of the
-        stripes p held data in; they are rebuilt from data, after clients replayed what no parity holds."""
+        """A dead node's last windows may have reached some parity holders of a stripe and not others.
+        Per stripe p held data in, every holder behind the stripe's most advanced holder (among those
+        that have the stripe's parity row) forgets its row; it is rebuilt from data, after clients
+        replayed what no parity holds. A stripe's most advanced holder is never touched."""
         m = self.members
-        marks = {}
+        score = np.full(len(m.endpoints), -1, dtype=np.int64)  # windows of p each survivor applied
         for q, endpoint in enumerate(m.endpoints):
             if m.states[q] != "dead":
                 try:
-                    marks[q] = self._control(endpoint, {"op": "applied", "source": source})[0]["clients"]
+                    score[q] = sum(self._control(endpoint, {"op": "applied", "source": source})[0]["clients"].values())
                 except (NodeDown, Error):
-                    pass  # it died too
-        trusted = [q for q in marks if m.states[q] == "up"] or list(marks)
-        if not trusted:
-            return
-        best = marks[max(trusted, key=lambda q: sum(marks[q].values()))]
-        apart = [q for q in marks if marks[q] != best]
-        for spec in self._tables() if apart else ():
+                    self.fail(q)  # it cannot be reconciled: it is as good as dead
+                    return self.reconcile(p, source) if m.states[p] == "dead" else None
+        if len(set(score[score >= 0].tolist())) < 2:
+            return  # every survivor holds the same windows of p
+        tables = self._tables() or []
+        for spec in tables:
             layout = m.config.layout(TableSpec.from_config(spec))
-            for q in apart:
-                for j in range(layout.r):
-                    stripes = layout.stripes_of(q, layout.k + j)
-                    mine = (layout.slot_node(stripes[:, None], np.arange(layout.k)) == p).any(axis=1)
-                    if mine.any():
-                        try:
-                            reply = self._control(m.endpoints[q], {"op": "invalidate", "table": spec["name"]},
-                                                  [stripes[mine]])[0]
-                            m.generations[q] = max(m.generations[q], reply.get("generation", 0))
-                        except (NodeDown, Error):
-                            pass
-                m.states[q] = "rebuilding"
-        if apart:
-            m.epoch += 1
-            self.broadcast()
+            stripes = np.unique(np.concatenate([layout.stripes_of(p, t) for t in range(layout.k)]))
+            holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)], axis=1)
+            held = score[holders]
+            for q in np.unique(holders):
+                if m.states[q] == "rebuilding":  # rows it has not rebuilt hold nothing
+                    mine = holders == q
+                    rows = mine.any(axis=1)
+                    try:
+                        has = self._control(m.endpoints[q], {"op": "holds", "table": spec["name"]},
+                                            [stripes[rows]])[1][0].astype(bool)
+                    except (NodeDown, Error):
+                        has = np.zeros(rows.sum(), dtype=bool)
+                    sub = held[rows]
+                    sub[mine[rows] & ~has[:, None]] = -1
+                    held[rows] = sub
+            behind = (held >= 0) & (held < held.max(axis=1, keepdims=True))
+            for q in np.unique(holders[behind]):
+                stale = stripes[(behind & (holders == q)).any(axis=1)]
+                try:
+                    reply = self._control(m.endpoints[q], {"op": "invalidate", "table": spec["name"]}, [stale])[0]
+                except (NodeDown, Error):
+                    self.fail(int(q))
+                    continue
+                m.generations[q] = max(m.generations[q], reply.get("generation", 0))
+                if m.states[q] == "up":
+                    m.states[q] = "rebuilding"
+                    m.epoch += 1
+        self.broadcast()
 
     def refill(self) -> None:
         """Put live spares in dead positions, giving each its position, then its tables."""
@@ -237,8 +251,11 @@ class CoordinatorServer:
             if spare is None:
                 return
             source = None
+            tables = self._tables()
+            if tables is None:  # nobody to copy the tables from: try again later
+                m.spares.insert(0, spare)
+                return
             try:
-                tables = self._tables()
                 source = self._control(spare, self._map_header(position=p, rebuilding=True))[0]["source"]
                 for spec in tables:
                     self._control(spare, {"op": "create_table", "spec": spec})
@@ -250,7 +267,8 @@ class CoordinatorServer:
             self.broadcast()
             return
 
-    def _tables(self) -> list:
+    def _tables(self) -> list | None:
+        """The tables' definitions, from any up node (None: none answered)."""
         m = self.members
         for p, endpoint in enumerate(m.endpoints):
             if m.states[p] == "up":
@@ -258,7 +276,7 @@ class CoordinatorServer:
                     return self._control(endpoint, {"op": "tables"})[0]["tables"]
                 except (NodeDown, Error):
                     continue
-        return []
+        return None
 
     # -- requests ----------------------------------------------------------
     def handle(self, header: dict) -> dict:

@@ -133,8 +133,6 @@ class CoordinatedMap:
     def rebuilt(self, p: int) -> None:
         """Its rebuild is done: trust the map again (it says so within a heartbeat)."""
         self._rebuilding.discard(self._view["sources"][p])
-        if self._view["states"][p] == "rebuilding":
-            self.refresh()
 
     def replace(self, p: int) -> bool:
         return False  # the coordinator puts spares in place

@@ -60,7 +60,7 @@ class Node:
         self.code = config.make_code()
         self.rebuilding = rebuilding
         self.rebuild_since = clock() if rebuilding else None
-        self.generation = int(rebuilding)  # counts the times this node began rebuilding
+        self.generation = int(rebuilding)  # counts invalidations: restores carry the one they read at
         self.rebuilt_rows = 0  # data and parity rows restored since rebuilding began
         self.source = f"node/{position}/{secrets.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
@@ -178,7 +178,7 @@ class Node:
             cid = cseq = None
         elif cseq <= self.client_marks.get(cid, 0):  # a retry of a write applied here: apply it once
             last, seq = self.client_writes.get(cid, (0, 0))
-            return {"seq": seq if cseq == last else self.durable_seq, "duplicate": True}, []
+            return {"seq": seq if cseq == last else self.write_seq, "duplicate": True}, []
         self._arrays(arrays, 2 * len(parts))
         work = []
         for n, (table, kind) in enumerate(parts):
@@ -290,6 +290,8 @@ class Node:
         cut = header.get("cut", {})
         if not isinstance(cut, dict) or not all(isinstance(v, int) for v in cut.values()):
             raise InvalidRequest("restore cut must map sources to delta numbers")
+        if header.get("generation", self.generation) != self.generation or any(s in self.fenced for s in cut):
+            return {"error": "stale_cut", "message": "rows were invalidated, or a source died, since the read"}, []
         behind = [s for s, seq in cut.items() if self.applied.get(s, 0) < seq]
         if behind:  # deltas the data already holds are still on their way here: try again shortly
             return {"error": "stale_cut", "behind": True, "message": f"deltas of {behind} still on their way"}, []
@@ -324,7 +326,7 @@ class Node:
             self.skipped_from[source] = max(self.skipped_from.get(source, 1), seq + 1)
         if not self.rebuilding:
             self.rebuilding, self.rebuild_since, self.rebuilt_rows = True, self.clock(), 0
-            self.generation += 1
+        self.generation += 1  # restores read before this must not bring those rows back
         return {"generation": self.generation}, []
 
     def op_missing(self, header, arrays):
@@ -337,7 +339,7 @@ class Node:
                 ids, stripes = shard.missing(limit)
                 names.append(name)
                 out += [ids, stripes]
-        return {"tables": names}, out
+        return {"tables": names, "generation": self.generation}, out
 
     def op_status(self, header, arrays):
         return {"status": self.status()}, []

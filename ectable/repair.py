@@ -207,35 +207,38 @@ class Repair:
         """The identity this client expects at `position`: restores meant for it go nowhere else."""
         return self.client._sources.get(position)
 
-    def _rebuild_parity(self, position: int, table: str, stripes: np.ndarray) -> None:
+    def _rebuild_parity(self, position: int, table: str, stripes: np.ndarray, generation: int) -> None:
         """Parity rows of `position` from their stripes' data, with the deltas the data was read at
-        (the node adds the newer ones it skipped meanwhile, and waits for older ones still on their way)."""
+        (the node adds the newer ones it skipped meanwhile, and waits for older ones still on their way).
+        Given up (the next round reads again) if the node moved on further than it remembers."""
         _, layout = self.client._table(table)
         slot = layout.slot_on(position, stripes)
-        for _ in range(100):
-            blocks, senders = self.recover(table, stripes, skip=position)
-            rows = np.ascontiguousarray(blocks[np.arange(stripes.size), slot])
-            cut = {source: int(sent.get(str(position), 0)) for source, sent in senders.values()}
-            for _ in range(1000):
-                try:
-                    self.client._call(position, {"op": "restore", "table": table, "kind": "parity", "cut": cut,
-                                                 "node": self._node(position)}, [stripes, rows])
+        blocks, senders = self.recover(table, stripes, skip=position)
+        rows = np.ascontiguousarray(blocks[np.arange(stripes.size), slot])
+        cut = {source: int(sent.get(str(position), 0)) for source, sent in senders.values()}
+        header = {"op": "restore", "table": table, "kind": "parity", "cut": cut, "generation": generation,
+                  "node": self._node(position)}
+        wait, deadline = 0.001, time.monotonic() + 5.0
+        while True:
+            try:
+                self.client._call(position, header, [stripes, rows])
+                return
+            except StaleCut as stale:
+                if not stale.behind or time.monotonic() > deadline:
                     return
-                except StaleCut as stale:
-                    if not stale.behind:
-                        break
-                    time.sleep(0.001)
-        raise Error(f"table {table!r}: node {position} kept refusing rebuilt parity rows")
+                time.sleep(wait)
+                wait = min(2 * wait, 0.05)
 
     def rebuild_step(self, position: int, budget: int) -> int:
         """Rebuild up to `budget` rows and parity rows of the node at `position`; returns how many remain."""
         reply, arrays = self.client._call(position, {"op": "missing", "limit": budget, "node": self._node(position)}, [])
+        generation = reply.get("generation", 0)
         for t, table in enumerate(reply["tables"]):
             ids, stripes = arrays[2 * t], arrays[2 * t + 1]
             if ids.size:
                 self.rebuild_rows(position, table, ids)
             if stripes.size:
-                self._rebuild_parity(position, table, stripes)
+                self._rebuild_parity(position, table, stripes, generation)
         left = self.client._call(position, {"op": "status"}, [])[0]["status"]["rebuild_missing"]
         if left == 0:
             self.client.cluster.rebuilt(position)

@@ -51,6 +51,7 @@ class NodeServer:
         self.rebuilder: Rebuilder | None = None
         self.next_rebuilder = 0.0
         self.endpoints: list[str] = []
+        self.sources: dict[int, str] = {}  # identity last seen at each position
         self.dead: set[int] = set()
         self.peers: dict[int, zmq.Socket] = {}
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
@@ -112,10 +113,17 @@ class NodeServer:
             self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")), lazy_close=True)
         if self.node is None:
             return {"source": None}
+        sources = header.get("sources")
+        if not (isinstance(sources, list) and len(sources) == len(endpoints)):
+            sources = [None] * len(endpoints)
         for target, endpoint in enumerate(endpoints):
-            if target < len(self.endpoints) and self.endpoints[target] != endpoint and target != self.node.position:
+            moved = target < len(self.endpoints) and (self.endpoints[target] != endpoint or (
+                sources[target] is not None and self.sources.get(target) not in (None, sources[target])))
+            if moved and target != self.node.position:  # a new node there (maybe at the same endpoint)
                 self._drop_peer(target)
                 self.node.peer_replaced(target)
+            if sources[target] is not None:
+                self.sources[target] = sources[target]
         self.endpoints = endpoints
         self.dead = set(dead)
         self.node.fenced |= {f for f in header.get("fenced", []) if isinstance(f, str)}
@@ -155,7 +163,7 @@ class NodeServer:
             self._drop_peer(target)
         self.inflight.clear()
         self.node = None
-        self.endpoints, self.dead = [], set()
+        self.endpoints, self.dead, self.sources = [], set(), {}
 
     def _drop_peer(self, target: int) -> None:
         """Deltas to `target` are moot (it died, or a replacement rebuilds its parity from data)."""

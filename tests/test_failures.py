@@ -131,11 +131,12 @@ def test_beyond_r_failures_only_the_lost_stripes_are_unavailable():
         assert client.status()["degraded"] == [0, 1]
 
 
-@pytest.mark.parametrize("spares", [1, 0])
-def test_a_window_that_reached_one_parity_holder_and_not_the_other(spares):
-    """rs(3,2): node 2's last window reaches one parity holder of its stripes, never the other, then
-    node 2 dies. The coordinator makes the holders agree before the spare (or a degraded read) decodes."""
-    cluster, reference, (client, ref) = make("rs", spares=spares)
+@pytest.mark.parametrize("code,spares", [("rs", 1), ("rs", 0), ("xor", 1), ("xor", 0)])
+def test_a_window_that_reached_some_parity_holders_and_not_others(code, spares):
+    """Node 2's last window reaches every node but one, then node 2 dies. With rs the coordinator
+    makes each stripe's holders agree before the spare (or a degraded read) decodes; with xor each
+    stripe has one holder, whose rows are replayed where it lacks them."""
+    cluster, reference, (client, ref) = make(code, spares=spares)
     with cluster, reference:
         rng = np.random.default_rng(5)
         write((client, ref), rng)
