@@ -44,7 +44,6 @@ class Membership:
         self.endpoints = list(endpoints)
         self.sources: list[str | None] = [None] * len(endpoints)  # known once the node took its position
         self.states = ["up"] * len(endpoints)  # up | rebuilding | dead
-        self.progress: list[dict] = [{} for _ in endpoints]  # from heartbeats: rebuild rows done, left, rate
         self.generations = [0] * len(endpoints)  # per position: how often its node began rebuilding
         self.spares = list(spares)
         self.fenced: list[str] = []
@@ -54,7 +53,7 @@ class Membership:
     def view(self) -> dict:
         """The map as clients and nodes read it."""
         return {"epoch": self.epoch, "config": self.config.get_config(), "endpoints": self.endpoints,
-                "sources": self.sources, "states": self.states, "progress": self.progress,
+                "sources": self.sources, "states": self.states,
                 "spares": len(self.spares), "fenced": self.fenced}
 
     def heartbeat(self, beat: dict) -> dict:
@@ -76,7 +75,6 @@ class Membership:
             if state != self.states[position]:
                 self.states[position] = state
                 self.epoch += 1
-            self.progress[position] = beat.get("progress") if isinstance(beat.get("progress"), dict) else {}
         elif position is None and endpoint not in [e for e, s in zip(self.endpoints, self.states) if s != "dead"]:
             if endpoint not in self.spares:
                 self.spares.append(endpoint)
@@ -93,7 +91,6 @@ class Membership:
         if self.states[p] == "dead":
             return
         self.states[p] = "dead"
-        self.progress[p] = {}
         if self.sources[p] is not None:
             self.fenced.append(self.sources[p])
         self.epoch += 1

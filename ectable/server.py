@@ -135,14 +135,11 @@ class NodeServer:
         return {"source": self.node.source}
 
     def beat(self) -> dict:
-        """This node's heartbeat: who it is and how its rebuild goes (read by the heartbeat thread)."""
-        return self.beat_of(self.node)
-
-    def beat_of(self, node) -> dict:
+        """This node's heartbeat: who it is, and whether (and since which invalidation) it rebuilds."""
+        node = self.node
         return {"op": "heartbeat", "token": self.token, "epoch": self.epoch, "endpoint": self.endpoint,
                 "source": node and node.source, "position": node and node.position,
-                "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0,
-                "progress": node.rebuild_progress() if node is not None and node.rebuilding else {}}
+                "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0}
 
     def rebuild(self) -> None:
         """While this node is rebuilding, a rebuilder thread pulls what it lacks (restarted if it stops)."""
@@ -346,12 +343,7 @@ class _Heart(threading.Thread):
         sock.connect(self.endpoint)
         try:
             while not self.stop.is_set():
-                try:
-                    beat = self.server.beat()
-                except Exception:  # the main thread changed the node under us: beat without progress
-                    node = self.server.node
-                    beat = {**self.server.beat_of(None), "source": node and node.source,
-                            "position": node and node.position, "rebuilding": True}
+                beat = self.server.beat()  # plain attributes only: safe beside the main thread
                 try:
                     sock.send_multipart(codec.encode(beat, []), flags=zmq.NOBLOCK)
                 except zmq.ZMQError:
