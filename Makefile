@@ -11,7 +11,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-$(VENV)/.bench-installed: $(STAMP)
+$(VENV)/.bench-installed: $(STAMP) setup.cfg
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
@@ -30,6 +30,10 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.train_loop
 	$(PY) -m bench.garbage_stream
 	$(PY) -m bench.recovery --sizes 250000 500000 1000000 --rows 1000000 --iters 300 --shares 0.5 0.2
+	$(PY) -m bench.workloads --scale 0.1
+	command -v redis-server >/dev/null || apt-get install -y -q redis-server || sudo apt-get install -y -q redis-server \
+		|| echo "no redis-server: the Redis baseline is skipped"
+	if command -v redis-server >/dev/null; then $(PY) -m bench.redis_baseline; fi
 	$(PY) -m bench.plots
 
 clean:
