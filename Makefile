@@ -5,6 +5,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench clean
 
+# make bench: a few minutes on 2 cores; make bench FULL=1: the full sizes (tens of minutes)
+ifeq ($(FULL),1)
+RECOVERY_ARGS :=
+SCALE := 1.0
+REDIS_ARGS := --rows 2000000 --iters 40
+else
+RECOVERY_ARGS := --sizes 250000 500000 1000000 --rows 1000000 --iters 300 --shares 0.5 0.2
+SCALE := 0.1
+REDIS_ARGS :=
+endif
+
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -29,11 +40,11 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.train_loop --compute-ms 20
 	$(PY) -m bench.train_loop
 	$(PY) -m bench.garbage_stream
-	$(PY) -m bench.recovery --sizes 250000 500000 1000000 --rows 1000000 --iters 300 --shares 0.5 0.2
-	$(PY) -m bench.workloads --scale 0.1
+	$(PY) -m bench.recovery $(RECOVERY_ARGS)
+	$(PY) -m bench.workloads --scale $(SCALE)
 	command -v redis-server >/dev/null || apt-get install -y -q redis-server || sudo apt-get install -y -q redis-server \
 		|| echo "no redis-server: the Redis baseline is skipped"
-	if command -v redis-server >/dev/null; then $(PY) -m bench.redis_baseline; fi
+	if command -v redis-server >/dev/null; then $(PY) -m bench.redis_baseline $(REDIS_ARGS); fi
 	$(PY) -m bench.plots
 
 clean:
