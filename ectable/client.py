@@ -364,17 +364,22 @@ class Client:
     def wait_recovered(self, timeout: float = 60.0) -> None:
         """Block until every stripe is fully protected again (every live node has all its rows)."""
         deadline = time.monotonic() + timeout
-        for p in range(self.nodes):
-            while self._state(p) != "dead" and self._rebuild_left(p):
-                if time.monotonic() > deadline:
-                    raise Error(f"node {p} is still rebuilding after {timeout} s")
-                if self.cluster.rebuilds_itself:
-                    time.sleep(0.01)  # its rebuilder works
-                else:
-                    self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
-        dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
-        if dead:
-            raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")
+        while True:
+            for p in range(self.nodes):
+                while self._state(p) != "dead" and self._rebuild_left(p):
+                    if time.monotonic() > deadline:
+                        raise Error(f"node {p} is still rebuilding after {timeout} s")
+                    if self.cluster.rebuilds_itself:
+                        time.sleep(0.01)  # its rebuilder works
+                    else:
+                        self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
+            dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
+            if not dead:
+                return
+            if not self.cluster.spares_left() or time.monotonic() > deadline:
+                raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")
+            time.sleep(0.02)  # a spare is on its way into the dead position
+            self.cluster.refresh()
 
     def _rebuild_left(self, p) -> int:
         """Rows node p still has to rebuild (0 if it died meanwhile: it is failed over)."""
