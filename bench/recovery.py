@@ -31,6 +31,7 @@ import ectable
 from ectable.codes import get_code
 
 from .common import report
+from .train_loop import training_work
 
 DIM = 64
 K = 4
@@ -123,11 +124,7 @@ def train(client, work, compute, kill_at=None, cluster=None):
 
 def part_during(rows, iters, compute, shares, out):
     """Training through a failure, once per rebuild share; returns the training time each failure cost."""
-    rng = np.random.default_rng(1)
-    work = []
-    for _ in range(iters):
-        ids = (rng.zipf(1.1, 20_000) - 1) % rows
-        work.append((ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)))
+    work = training_work(rows, iters, seed=1)
     rows_out, series, lost = [], {}, {}
     for share in shares:
         cluster, client = make_cluster(rows, share=share)
@@ -156,11 +153,7 @@ def part_during(rows, iters, compute, shares, out):
 
 def part_checkpoint(rows, intervals, compute, overhead, lost_training, out):
     """Full checkpoints every N iterations against ectable: recovery time, and training time lost."""
-    rng = np.random.default_rng(2)
-    work = []
-    for _ in range(30):
-        ids = (rng.zipf(1.1, 20_000) - 1) % rows
-        work.append((ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)))
+    work = training_work(rows, 30, seed=2)
     cluster, client = make_cluster(rows, spares=1)
     with cluster, tempfile.TemporaryDirectory() as tmp:
         touch_all(client, rows)

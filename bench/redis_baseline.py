@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from .common import report
-from .train_loop import DIM, WARMUP, batches, cluster_loop
+from .train_loop import DIM, WARMUP, cluster_loop, rowwise_adagrad, training_work
 
 CHUNK = 10_000  # keys per MGET / MSET command
 
@@ -81,7 +81,6 @@ def _mset(r, keys, records):
 
 def redis_loop(rows: int, work, *options: str) -> float:
     """Seconds for the timed iterations of `work` against Redis with `options`."""
-    lr, eps = np.float32(0.01), np.float32(1e-8)
     with Redis(*options) as store:
         r = store.client
         zero = np.zeros((CHUNK, DIM + 1), dtype=np.float32)
@@ -97,8 +96,7 @@ def redis_loop(rows: int, work, *options: str) -> float:
             rec[:, :DIM][inv]  # the get the model needs
             summed = np.zeros((uniq.size, DIM), dtype=np.float32)
             np.add.at(summed, inv.reshape(-1), grads)
-            rec[:, DIM:] += np.mean(summed * summed, axis=1, keepdims=True)
-            rec[:, :DIM] -= lr * summed / (np.sqrt(rec[:, DIM:]) + eps)
+            rowwise_adagrad(rec, summed)
             _mset(r, keys, rec)
         return time.perf_counter() - start
 
@@ -109,10 +107,8 @@ def main():
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--batch", type=int, default=20_000, help="ids per batch (before dedup)")
     args = parser.parse_args()
-    ids = batches(args.rows, args.iters, args.batch)
-    rng = np.random.default_rng(1)
-    work = [(i, rng.standard_normal((i.size, DIM)).astype(np.float32)) for i in ids]
-    total = sum(i.size for i in ids[WARMUP:])
+    work = training_work(args.rows, args.iters, args.batch)
+    total = sum(ids.size for ids, _ in work[WARMUP:])
     secs = {
         "redis (no persistence)": redis_loop(args.rows, work, "--appendonly", "no"),
         "redis (AOF everysec)": redis_loop(args.rows, work, "--appendonly", "yes", "--appendfsync", "everysec"),

@@ -19,14 +19,24 @@ DIM = 64
 WARMUP = 3  # untimed iterations first
 
 
-def batches(rows: int, n: int, per_batch: int, seed: int = 0):
+def training_work(rows: int, n: int, per_batch: int = 20_000, seed: int = 0) -> list:
+    """`n` batches of (Zipf-skewed ids, float32 gradients [len(ids), DIM])."""
     rng = np.random.default_rng(seed)
-    return [(rng.zipf(1.1, per_batch) - 1) % rows for _ in range(n)]
+    work = []
+    for _ in range(n):
+        ids = (rng.zipf(1.1, per_batch) - 1) % rows
+        work.append((ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)))
+    return work
+
+
+def rowwise_adagrad(rec: np.ndarray, summed: np.ndarray, lr=np.float32(0.01), eps=np.float32(1e-8)) -> None:
+    """One row-wise Adagrad step (FBGEMM semantics) on records [n, DIM + 1], in place."""
+    rec[:, DIM:] += np.mean(summed * summed, axis=1, keepdims=True)
+    rec[:, :DIM] -= lr * summed / (np.sqrt(rec[:, DIM:]) + eps)
 
 
 def numpy_floor(rows: int, work, compute: float = 0.0) -> float:
     table = np.ones((rows, DIM + 1), dtype=np.float32)  # written, so its pages exist before timing
-    lr = np.float32(0.01)
     start = 0.0
     for n, (ids, grads) in enumerate(work):
         if n == WARMUP:
@@ -37,8 +47,7 @@ def numpy_floor(rows: int, work, compute: float = 0.0) -> float:
         summed = np.zeros((uniq.size, DIM), dtype=np.float32)
         np.add.at(summed, inv, grads)
         rec = table[uniq]
-        rec[:, DIM:] += np.mean(summed * summed, axis=1, keepdims=True)
-        rec[:, :DIM] -= lr * summed / (np.sqrt(rec[:, DIM:]) + np.float32(1e-8))
+        rowwise_adagrad(rec, summed)
         table[uniq] = rec
     return time.perf_counter() - start
 
@@ -69,9 +78,8 @@ def main():
     parser.add_argument("--compute-ms", type=float, default=0.0,
                         help="idle time per iteration between get and apply_gradient (the model's own step)")
     args = parser.parse_args()
-    ids = batches(args.rows, args.iters, args.batch)
-    rng = np.random.default_rng(1)
-    work = [(i, rng.standard_normal((i.size, DIM)).astype(np.float32)) for i in ids]
+    work = training_work(args.rows, args.iters, args.batch)
+    ids = [i for i, _ in work]
     unique = np.mean([np.unique(i).size for i in ids])
     total = sum(i.size for i in ids[WARMUP:])
     compute = args.compute_ms / 1000
