@@ -6,8 +6,8 @@ Three parts, all in one run, nodes as processes on loopback:
    stripe is protected again, for growing tables. Beside it, the two limits a rebuild
    cannot beat on this machine: decoding the same bytes in process, and moving them over
    loopback ZeroMQ (a rebuilt row reads k slots and writes one: "MB/s moved").
-2. `during`: a training loop (get, model step, apply_gradient, step) with a node SIGKILLed
-   part way; iteration times before, during and after the rebuild (a time series, and
+2. `during`: a training loop over a workload (`--workload`, default criteo-like: get_many,
+   model step, apply_gradient_many, step) with a node SIGKILLed part way; iteration times before, during and after the rebuild (a time series, and
    the during/before throughput ratio).
 3. `checkpoint`: the same failure handled the way training is protected today: a full
    checkpoint of every table every N iterations, so a failure costs reading the last one
@@ -21,6 +21,7 @@ Three parts, all in one run, nodes as processes on loopback:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 import time
@@ -31,26 +32,28 @@ import ectable
 from ectable.codes import get_code
 
 from .common import report
-from .train_loop import training_work
+from .train_loop import create_tables, full_checkpoint
+from .workloads import DIM, WORKLOADS, Workload
 
-DIM = 64
 K = 4
 
 
-def make_cluster(rows: int, spares: int = 1, share: float = 1.0):
+def make_cluster(work: Workload, spares: int = 1, share: float = 1.0):
+    """An xor(4,1) cluster of node processes with `spares` spares, holding the workload's tables."""
     cluster = ectable.LocalCluster(nodes=K + 1, code="xor", k=K, r=1, spares=spares, rebuild_share=share)
     client = cluster.connect()
-    client.create_table("t", num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", lr=0.01, init="uniform")
+    create_tables(client, work, init="uniform")
     return cluster, client
 
 
-def touch_all(client, rows: int) -> None:
+def touch_all(client, work: Workload) -> None:
     """One gradient step on every row, so records and parity are not the initial values."""
-    rng = np.random.default_rng(0)
-    for lo in range(0, rows, 1 << 17):
-        ids = np.arange(lo, min(rows, lo + (1 << 17)))
-        client.apply_gradient("t", ids, rng.standard_normal((ids.size, DIM)).astype(np.float32))
-        client.step()
+    grads = np.random.default_rng(0).standard_normal((1 << 17, DIM)).astype(np.float32)
+    for t, rows in work.sizes.items():
+        for lo in range(0, rows, 1 << 17):
+            ids = np.arange(lo, min(rows, lo + (1 << 17)))
+            client.apply_gradient(t, ids, grads[:ids.size])
+            client.step()
     client.flush()
 
 
@@ -90,9 +93,10 @@ def network_limit(client, rows: int) -> float:
 def part_size(sizes, out):
     rows_out = []
     for rows in sizes:
-        cluster, client = make_cluster(rows)
+        work = Workload("one table", {"t": rows}, [])
+        cluster, client = make_cluster(work)
         with cluster:
-            touch_all(client, rows)
+            touch_all(client, work)
             secs, rebuilt = rebuild_time(client, cluster)
             net = network_limit(client, rebuilt)
         dec = decode_limit(rebuilt)
@@ -106,31 +110,30 @@ def part_size(sizes, out):
                              "MB/s moved", "loopback MB/s", "decode MB/s"], rows_out)
 
 
-def train(client, work, compute, kill_at=None, cluster=None):
+def train(client, work: Workload, compute, kill_at=None, cluster=None):
     """Iteration times; with `kill_at`, SIGKILL node 2 before that iteration. Also the rebuild window."""
     times, rebuilding = [], []
-    for n, (ids, grads) in enumerate(work):
+    for n, batch in enumerate(work.batches):
         if n == kill_at:
             cluster.kill(2)
         start = time.perf_counter()
-        client.get("t", ids)
+        client.get_many(batch)
         time.sleep(compute)
-        client.apply_gradient("t", ids, grads)
+        client.apply_gradient_many(work.gradients(batch))
         client.step()
         times.append(time.perf_counter() - start)
         rebuilding.append(kill_at is not None and n >= kill_at and client._rebuild_left(2) > 0)
     return np.array(times), np.array(rebuilding)
 
 
-def part_during(rows, iters, compute, shares, out):
+def part_during(work: Workload, compute, shares, out):
     """Training through a failure, once per rebuild share; returns the training time each failure cost."""
-    work = training_work(rows, iters, seed=1)
     rows_out, series, lost = [], {}, {}
     for share in shares:
-        cluster, client = make_cluster(rows, share=share)
+        cluster, client = make_cluster(work, share=share)
         with cluster:
-            touch_all(client, rows)
-            kill_at = iters // 6
+            touch_all(client, work)
+            kill_at = len(work.batches) // 6
             times, rebuilding = train(client, work, compute, kill_at, cluster)
         before, first = times[5:kill_at], times[kill_at]
         during = times[rebuilding]
@@ -147,28 +150,25 @@ def part_during(rows, iters, compute, shares, out):
     out["during"] = series
     report("recovery_during", ["rebuild share", "it/s before", "failover it.", "during rebuild", "after",
                                "rebuild s", "training lost s"], rows_out,
-           {"series": series, "rows": rows, "compute_ms": compute * 1000})
+           {"series": series, "rows": sum(work.sizes.values()), "workload": work.describe(),
+            "compute_ms": compute * 1000})
     return lost
 
 
-def part_checkpoint(rows, intervals, compute, overhead, lost_training, out):
+def part_checkpoint(work: Workload, intervals, compute, overhead, lost_training, out):
     """Full checkpoints every N iterations against ectable: recovery time, and training time lost."""
-    work = training_work(rows, 30, seed=2)
-    cluster, client = make_cluster(rows, spares=1)
+    rows = sum(work.sizes.values())
+    cluster, client = make_cluster(work, spares=1)
     with cluster, tempfile.TemporaryDirectory() as tmp:
-        touch_all(client, rows)
+        touch_all(client, work)
         path = os.path.join(tmp, "checkpoint.npy")
-        start = time.perf_counter()  # the checkpoint: every record of every row, to disk
-        records = np.concatenate([read_all(client, lo, min(rows, lo + (1 << 17))) for lo in range(0, rows, 1 << 17)])
-        with open(path, "wb") as f:
-            np.save(f, records)
-            f.flush()
-            os.fsync(f.fileno())
+        start = time.perf_counter()  # the checkpoint: every record of every row, read out and written to disk
+        full_checkpoint({t: read_all(client, t, n) for t, n in work.sizes.items()}, path)
         write_secs = time.perf_counter() - start
-        del records
         _drop_cache(path)
         start = time.perf_counter()  # recovery: read it back...
-        loaded = np.load(path)
+        with open(path, "rb") as f:
+            loaded = [np.load(f) for _ in work.sizes]
         load_secs = time.perf_counter() - start
         del loaded
         iteration = train(client, work, compute)[0][5:].mean()  # ...and replay, at this cost per iteration
@@ -188,14 +188,15 @@ def part_checkpoint(rows, intervals, compute, overhead, lost_training, out):
           + (f" and training lost {lost_training:.2f} s to the failure" if lost_training else ""))
     report("recovery_vs_checkpoint", ["checkpoint every", "its overhead", "reload s", "replay s", "total s",
                                       "vs ectable rebuild", "vs ectable training lost"], rows_out,
-           {"rows": rows, "checkpoint_write_s": write_secs, "checkpoint_read_s": load_secs, "iteration_s": iteration,
+           {"rows": rows, "workload": work.describe(), "checkpoint_write_s": write_secs, "checkpoint_read_s": load_secs, "iteration_s": iteration,
             "ectable_rebuild_s": ec_secs, "ectable_training_lost_s": lost_training, "rows_rebuilt": rebuilt,
             "parity_overhead": overhead, "compute_ms": compute * 1000})
 
 
-def read_all(client, lo, hi):
+def read_all(client, table, rows):
     from ectable.testing import read_records
-    return read_records(client, "t", np.arange(lo, hi))
+    return np.concatenate([read_records(client, table, np.arange(lo, min(rows, lo + (1 << 17))))
+                           for lo in range(0, rows, 1 << 17)])
 
 
 def _drop_cache(path: str) -> None:
@@ -206,8 +207,9 @@ def _drop_cache(path: str) -> None:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 500_000, 1_000_000, 2_000_000])
-    parser.add_argument("--rows", type=int, default=2_000_000, help="table rows for the training parts")
-    parser.add_argument("--iters", type=int, default=400)
+    parser.add_argument("--workload", default="criteo", choices=sorted(WORKLOADS), help="for the training parts")
+    parser.add_argument("--scale", type=float, default=1.0, help="table sizes (criteo, zipf)")
+    parser.add_argument("--iters", type=int, default=600)
     parser.add_argument("--compute-ms", type=float, default=20.0)
     parser.add_argument("--shares", type=float, nargs="+", default=[0.5, 0.2, 0.1], help="rebuild_share values to train through")
     parser.add_argument("--intervals", type=int, nargs="+", default=[100, 1000],
@@ -220,9 +222,11 @@ def main():
     compute = args.compute_ms / 1000
     if "size" in args.parts:
         part_size(args.sizes, out)
-    lost = part_during(args.rows, args.iters, compute, args.shares, out) if "during" in args.parts else {}
+    work = WORKLOADS[args.workload](args.iters, args.scale)
+    print(work.describe())
+    lost = part_during(work, compute, args.shares, out) if "during" in args.parts else {}
     if "checkpoint" in args.parts:
-        part_checkpoint(args.rows, args.intervals, compute, args.overhead, min(lost.values(), default=None), out)
+        part_checkpoint(dataclasses.replace(work, batches=work.batches[:30]), args.intervals, compute, args.overhead, min(lost.values(), default=None), out)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 """The store a user would reach for instead: Redis, against ectable, on the same training loop.
 
 Each iteration gets a batch's rows and writes them back after a row-wise Adagrad step, the
-same work as `bench.train_loop`. Redis (Debian's `redis-server`, started here on 127.0.0.1
+same work as `bench.train_loop` on the same workloads. Redis (Debian's `redis-server`, started here on 127.0.0.1
 and stopped at the end) keeps one key per row whose value is the row's record (weights and
 optimizer state, float32 bytes); the client reads with pipelined MGET and writes with
 pipelined MSET through redis-py, and does the optimizer step itself. Redis runs with
-persistence off, then with AOF `everysec`. ectable runs none and xor(4,1) on node processes.
+persistence off, then with AOF `everysec`. ectable runs none, xor(4,1) and rs(4,2) on 6 node processes.
 All in one run; ratios are ectable over Redis.
 
-    python -m bench.redis_baseline [--rows 1000000] [--iters 20]
+    python -m bench.redis_baseline [--workload criteo zipf] [--scale 0.1] [--iters 20]
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from .common import report
-from .train_loop import DIM, WARMUP, cluster_loop, rowwise_adagrad, training_work
+from .train_loop import WARMUP, cluster_loop, rowwise_adagrad
+from .workloads import DIM, WORKLOADS, Workload
 
 CHUNK = 10_000  # keys per MGET / MSET command
 
@@ -79,46 +80,56 @@ def _mset(r, keys, records):
     pipe.execute()
 
 
-def redis_loop(rows: int, work, *options: str) -> float:
+def redis_loop(work: Workload, *options: str) -> float:
     """Seconds for the timed iterations of `work` against Redis with `options`."""
     with Redis(*options) as store:
         r = store.client
         zero = np.zeros((CHUNK, DIM + 1), dtype=np.float32)
-        for lo in range(0, rows, CHUNK):  # every row, initialised to zeros like the ectable runs
-            _mset(r, [f"t:{i}" for i in range(lo, min(rows, lo + CHUNK))], zero)
+        for t, rows in work.sizes.items():  # every row, initialised to zeros like the ectable runs
+            for lo in range(0, rows, CHUNK):
+                _mset(r, [f"{t}:{i}" for i in range(lo, min(rows, lo + CHUNK))], zero)
         start = 0.0
-        for n, (ids, grads) in enumerate(work):
+        for n, batch in enumerate(work.batches):
             if n == WARMUP:
                 start = time.perf_counter()
-            uniq, inv = np.unique(ids, return_inverse=True)
-            keys = [f"t:{i}" for i in uniq.tolist()]
-            rec = np.frombuffer(b"".join(_mget(r, keys)), dtype=np.float32).reshape(-1, DIM + 1).copy()
-            rec[:, :DIM][inv]  # the get the model needs
-            summed = np.zeros((uniq.size, DIM), dtype=np.float32)
-            np.add.at(summed, inv.reshape(-1), grads)
-            rowwise_adagrad(rec, summed)
-            _mset(r, keys, rec)
+            plan = {t: np.unique(ids, return_inverse=True) for t, ids in batch.items()}
+            keys = {t: [f"{t}:{i}" for i in uniq.tolist()] for t, (uniq, _) in plan.items()}
+            values = _mget(r, [key for ks in keys.values() for key in ks])
+            records, at = {}, 0
+            for t, (uniq, inv) in plan.items():
+                records[t] = np.frombuffer(b"".join(values[at:at + uniq.size]), dtype=np.float32).reshape(-1, DIM + 1).copy()
+                records[t][:, :DIM][inv]  # the get the model needs
+                at += uniq.size
+            for t, (ids, grads) in work.gradients(batch).items():
+                uniq, inv = plan[t]
+                summed = np.zeros((uniq.size, DIM), dtype=np.float32)
+                np.add.at(summed, inv.reshape(-1), grads)
+                rowwise_adagrad(records[t], summed)
+            _mset(r, [key for ks in keys.values() for key in ks], np.concatenate(list(records.values())))
         return time.perf_counter() - start
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--workload", nargs="+", default=["criteo", "zipf"], choices=sorted(WORKLOADS))
+    parser.add_argument("--scale", type=float, default=0.1, help="table sizes (criteo, zipf)")
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=20_000, help="ids per batch (before dedup)")
     args = parser.parse_args()
-    work = training_work(args.rows, args.iters, args.batch)
-    total = sum(ids.size for ids, _ in work[WARMUP:])
-    secs = {
-        "redis (no persistence)": redis_loop(args.rows, work, "--appendonly", "no"),
-        "redis (AOF everysec)": redis_loop(args.rows, work, "--appendonly", "yes", "--appendfsync", "everysec"),
-        "ectable none": cluster_loop(args.rows, work, "none", 4, 0, True),
-        "ectable xor(4,1)": cluster_loop(args.rows, work, "xor", 4, 1, True),
-    }
-    base = secs["redis (no persistence)"]
-    out = [[name, round(total / s), round(base / s, 2)] for name, s in secs.items()]
-    print(f"{args.iters} batches of {args.batch} ids, {args.rows} rows, dim {DIM}, rowwise_adagrad, no model step")
-    report("redis_baseline", ["store", "ids/s", "vs redis"], out, {"seconds": secs, "rows": args.rows})
+    for name in args.workload:
+        work = WORKLOADS[name](args.iters, args.scale)
+        total = sum(sum(ids.size for ids in b.values()) for b in work.batches[WARMUP:])
+        secs = {
+            "redis (no persistence)": redis_loop(work, "--appendonly", "no"),
+            "redis (AOF everysec)": redis_loop(work, "--appendonly", "yes", "--appendfsync", "everysec"),
+            "ectable none": cluster_loop(work, "none", 4, 0, 6, True),
+            "ectable xor(4,1)": cluster_loop(work, "xor", 4, 1, 6, True),
+            "ectable rs(4,2)": cluster_loop(work, "rs", 4, 2, 6, True),
+        }
+        base = secs["redis (no persistence)"]
+        out = [[name_, round(total / s), round(base / s, 2)] for name_, s in secs.items()]
+        print(f"\n{work.describe()}; {args.iters} iterations, rowwise_adagrad, no model step")
+        report(f"redis_baseline_{name}", ["store", "ids/s", "vs redis"], out,
+               {"seconds": secs, "workload": work.describe()})
 
 
 if __name__ == "__main__":

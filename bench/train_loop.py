@@ -1,12 +1,20 @@
-"""Training-loop throughput: get + apply_gradient + step over Zipf-skewed batches, dim 64.
+"""Training-loop throughput: get + (model step) + apply_gradient + step, over a workload's batches.
 
-Runs code="none", xor(4,1) and rs(4,2) on the same 6 nodes, and in-process numpy
-gather/scatter of the same rows (the floor), all in one run; prints rows/s and ratios.
+In one run, interleaved, each `--repeat` times (the median counts):
+- numpy: in-process gather/scatter of the same rows with the same optimizer (the floor);
+- numpy + a full checkpoint of every table to disk (fsync) every `--checkpoint-every`
+  iterations: how embedding tables are protected today;
+- code "none", xor(4,1) and rs(4,2) on 6 nodes, and "none" and rs(6,3) on 9 nodes; each
+  code's ratio is against "none" on as many nodes.
 Nodes are processes on loopback (ZeroMQ) unless `--in-process`.
+
+    python -m bench.train_loop --workload criteo movielens --scale 0.1 --compute-ms 20
 """
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -14,19 +22,10 @@ import numpy as np
 import ectable
 
 from .common import report
+from .workloads import DIM, WORKLOADS, Workload
 
-DIM = 64
 WARMUP = 3  # untimed iterations first
-
-
-def training_work(rows: int, n: int, per_batch: int = 20_000, seed: int = 0) -> list:
-    """`n` batches of (Zipf-skewed ids, float32 gradients [len(ids), DIM])."""
-    rng = np.random.default_rng(seed)
-    work = []
-    for _ in range(n):
-        ids = (rng.zipf(1.1, per_batch) - 1) % rows
-        work.append((ids, rng.standard_normal((ids.size, DIM)).astype(np.float32)))
-    return work
+STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("rs", 4, 2, 6), ("none", 4, 0, 9), ("rs", 6, 3, 9)]
 
 
 def rowwise_adagrad(rec: np.ndarray, summed: np.ndarray, lr=np.float32(0.01), eps=np.float32(1e-8)) -> None:
@@ -35,69 +34,110 @@ def rowwise_adagrad(rec: np.ndarray, summed: np.ndarray, lr=np.float32(0.01), ep
     rec[:, :DIM] -= lr * summed / (np.sqrt(rec[:, DIM:]) + eps)
 
 
-def numpy_floor(rows: int, work, compute: float = 0.0) -> float:
-    table = np.ones((rows, DIM + 1), dtype=np.float32)  # written, so its pages exist before timing
-    start = 0.0
-    for n, (ids, grads) in enumerate(work):
-        if n == WARMUP:
-            start = time.perf_counter()
-        uniq, inv = np.unique(ids, return_inverse=True)
-        table[uniq]  # the get
-        time.sleep(compute)
-        summed = np.zeros((uniq.size, DIM), dtype=np.float32)
-        np.add.at(summed, inv, grads)
-        rec = table[uniq]
-        rowwise_adagrad(rec, summed)
-        table[uniq] = rec
+def full_checkpoint(tables: dict, path: str) -> float:
+    """Write every table to `path` and fsync it; returns the seconds taken."""
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for records in tables.values():
+            np.save(f, records)
+        f.flush()
+        os.fsync(f.fileno())
     return time.perf_counter() - start
 
 
-def cluster_loop(rows: int, work, code: str, k: int, r: int, processes: bool, compute: float = 0.0) -> float:
-    with ectable.LocalCluster(nodes=6, code=code, k=k, r=r, processes=processes) as cluster:
-        client = cluster.connect()
-        client.create_table("t", num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", init="zeros")
+def numpy_loop(work: Workload, compute: float = 0.0, checkpoint_every: int = 0) -> float:
+    """Seconds for the timed iterations on in-process numpy tables, with optional full checkpoints."""
+    tables = {t: np.ones((rows, DIM + 1), dtype=np.float32) for t, rows in work.sizes.items()}  # pages exist
+    with tempfile.TemporaryDirectory(prefix="ectable-ckpt-") as tmp:
         start = 0.0
-        for n, (ids, grads) in enumerate(work):
+        for n, batch in enumerate(work.batches):
             if n == WARMUP:
                 start = time.perf_counter()
-            client.get("t", ids)
+            if checkpoint_every and n > WARMUP and n % checkpoint_every == 0:
+                full_checkpoint(tables, os.path.join(tmp, "checkpoint.npy"))
+            plan = {t: np.unique(ids, return_inverse=True) for t, ids in batch.items()}
+            for t, (uniq, _) in plan.items():
+                tables[t][uniq]  # the get
+            time.sleep(compute)
+            for t, (ids, grads) in work.gradients(batch).items():
+                uniq, inv = plan[t]
+                summed = np.zeros((uniq.size, DIM), dtype=np.float32)
+                np.add.at(summed, inv.reshape(-1), grads)
+                rec = tables[t][uniq]
+                rowwise_adagrad(rec, summed)
+                tables[t][uniq] = rec
+        return time.perf_counter() - start
+
+
+def create_tables(client, work: Workload, init: str = "zeros") -> None:
+    for t, rows in work.sizes.items():
+        client.create_table(t, num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", init=init)
+
+
+def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processes: bool, compute: float = 0.0) -> float:
+    """Seconds for the timed iterations on a cluster: get_many, model step, apply_gradient_many, step."""
+    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes) as cluster:
+        client = cluster.connect()
+        create_tables(client, work)
+        start = 0.0
+        for n, batch in enumerate(work.batches):
+            if n == WARMUP:
+                start = time.perf_counter()
+            client.get_many(batch)
             time.sleep(compute)  # the model's forward and backward pass, on an accelerator
-            client.apply_gradient("t", ids, grads)
+            client.apply_gradient_many(work.gradients(batch))
             client.step()
         client.flush()
         return time.perf_counter() - start
 
 
+def store_name(code, k, r, nodes) -> str:
+    return (f"{code}({k},{r})" if r else "none") + f" {nodes} nodes"
+
+
+def run(work: Workload, repeat: int, compute: float, checkpoint_every: int, processes: bool) -> dict:
+    """{store: median seconds}, every store run `repeat` times, interleaved."""
+    ckpt = f"numpy + checkpoint every {checkpoint_every} it."
+    runs: dict[str, list] = {}
+    for _ in range(repeat):  # interleaved, so a noisy neighbour hurts every store alike
+        runs.setdefault("numpy", []).append(numpy_loop(work, compute))
+        runs.setdefault(ckpt, []).append(numpy_loop(work, compute, checkpoint_every))
+        for code, k, r, nodes in STORES:
+            runs.setdefault(store_name(code, k, r, nodes), []).append(
+                cluster_loop(work, code, k, r, nodes, processes, compute))
+    return {"median": {name: float(np.median(t)) for name, t in runs.items()}, "seconds": runs}
+
+
+def table(work: Workload, median: dict) -> list:
+    ids = sum(sum(v.size for v in b.values()) for b in work.batches[WARMUP:])
+    out = []
+    for name, secs in median.items():
+        base = median["none " + name.split()[-2] + " nodes"] if "nodes" in name else None
+        out.append([name, round(ids / secs), round(base / secs, 3) if base else "-", round(median["numpy"] / secs, 3)])
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--workload", nargs="+", default=["criteo", "movielens"], choices=sorted(WORKLOADS))
+    parser.add_argument("--scale", type=float, default=0.1, help="table sizes (criteo, zipf)")
     parser.add_argument("--iters", type=int, default=40)
-    parser.add_argument("--batch", type=int, default=20_000, help="ids per batch (before dedup)")
     parser.add_argument("--in-process", action="store_true", help="nodes inside this process")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each store, interleaved; the median counts")
     parser.add_argument("--compute-ms", type=float, default=0.0,
                         help="idle time per iteration between get and apply_gradient (the model's own step)")
+    parser.add_argument("--checkpoint-every", type=int, default=15, help="iterations between full checkpoints")
     args = parser.parse_args()
-    work = training_work(args.rows, args.iters, args.batch)
-    ids = [i for i, _ in work]
-    unique = np.mean([np.unique(i).size for i in ids])
-    total = sum(i.size for i in ids[WARMUP:])
     compute = args.compute_ms / 1000
-    runs: dict[str, list] = {}
-    for _ in range(args.repeat):  # interleaved, so a noisy neighbour hurts every store alike
-        runs.setdefault("numpy", []).append(numpy_floor(args.rows, work, compute))
-        for code, k, r in [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2)]:
-            name = f"{code}({k},{r})" if r else "none"
-            runs.setdefault(name, []).append(cluster_loop(args.rows, work, code, k, r, not args.in_process, compute))
-    results = {name: float(np.median(times)) for name, times in runs.items()}
-    out = [[name, round(total / secs), round(results["none"] / secs, 3), round(results["numpy"] / secs, 3)]
-           for name, secs in results.items()]
-    mode = "in process" if args.in_process else "node processes over ZeroMQ"
-    print(f"{args.iters} batches of {args.batch} ids ({unique:.0f} unique on average), {args.rows} rows, dim {DIM}, "
-          f"{mode}, {args.compute_ms} ms model step")
-    name = ("train_loop_inprocess" if args.in_process else "train_loop") + (f"_compute{args.compute_ms:g}ms" if compute else "")
-    report(name, ["store", "ids/s", "vs none", "vs numpy"], out,
-           {"unique_per_batch": unique, "seconds": runs, "compute_ms": args.compute_ms})
+    for name in args.workload:
+        work = WORKLOADS[name](args.iters, args.scale)
+        result = run(work, args.repeat, compute, args.checkpoint_every, not args.in_process)
+        mode = "in process" if args.in_process else "node processes over ZeroMQ"
+        print(f"\n{work.describe()}; {args.iters} iterations, {mode}, {args.compute_ms:g} ms model step")
+        suffix = ("_inprocess" if args.in_process else "") + (f"_compute{args.compute_ms:g}ms" if compute else "")
+        report(f"train_loop_{name}{suffix}", ["store", "ids/s", "vs none", "vs numpy"], table(work, result["median"]),
+               {**result, "workload": work.describe(), "compute_ms": args.compute_ms, "iters": args.iters,
+                "unique_per_batch": work.unique_per_batch(), "checkpoint_every": args.checkpoint_every})
 
 
 if __name__ == "__main__":

@@ -126,8 +126,9 @@ class Client:
         return self._with_failover(p, attempt)
 
     def _with_failover(self, p, attempt):
-        """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first."""
-        for _ in range(4 * self.nodes):
+        """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first
+        (a request may name many tables, and a node reports the unrebuilt rows of one table at a time)."""
+        for _ in range(4 * (self.nodes + len(self._tables))):
             try:
                 return attempt()
             except NotRebuilt as exc:

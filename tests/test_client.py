@@ -262,3 +262,34 @@ def test_non_finite_initialiser_parameters_are_refused(cluster, init):
     _, client = cluster
     with pytest.raises(ectable.InvalidRequest, match="finite"):
         client.create_table("bad", num_rows=10, dim=2, **init)
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_a_write_to_many_tables_reaches_a_replaced_node(processes):
+    """A write naming more tables than the failover retries of one node meets a spare that has
+    rebuilt none of them: each table's rows are rebuilt in turn and nothing is lost."""
+    tables = [f"t{i}" for i in range(24)]  # more than 4 x 5 nodes
+
+    def run(kill):
+        with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=processes and kill,
+                                  rebuild_batch=8, rebuild_share=0.01) as c:  # a spare that rebuilds slowly
+            client = c.connect()
+            for t in tables:
+                client.create_table(t, num_rows=64, dim=4, optimizer="rowwise_adagrad", lr=0.05, init="normal")
+            rng = np.random.default_rng(0)
+            for n in range(4):
+                if kill and n == 2:
+                    c.kill(2)
+                batch = {t: rng.integers(0, 64, 40) for t in tables}
+                if n != 2:  # right after the kill, a write that reads nothing first
+                    client.get_many(batch)
+                client.apply_gradient_many({t: (ids, rng.standard_normal((40, 4)).astype(np.float32))
+                                            for t, ids in batch.items()})
+                client.step()
+            client.flush()
+            state = everything(client)
+            if kill:
+                client.wait_recovered(timeout=60)
+                check_parity(c, client)
+            return state
+    assert same(run(False), run(True))
