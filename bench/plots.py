@@ -38,8 +38,8 @@ def recovery_during(plt) -> None:
     ax.text(0, ax.get_ylim()[1] * 0.95, " SIGKILL", va="top")
     ax.set_xlabel("seconds since the SIGKILL (shaded: the spare is rebuilding)")
     ax.set_ylabel("iterations / s")
-    ax.set_title(f"Training through a node failure ({data['rows']:,} rows, dim 64, xor(4,1), "
-                 f"{data['compute_ms']:.0f} ms model step)", fontsize=10)
+    ax.set_title(f"Training through a node failure ({data.get('workload', '').split(':')[0]}, {data['rows']:,} rows, "
+                 f"xor(4,1), {data['compute_ms']:.0f} ms model step)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(IMG / "recovery_during.png", dpi=110)
@@ -63,12 +63,78 @@ def recovery_size(plt) -> None:
     fig.savefig(IMG / "recovery_size.png", dpi=110)
 
 
+def train_loop(plt) -> None:
+    """Throughput of each store against numpy, per workload and model step."""
+    runs = sorted(RESULTS.glob("train_loop_*.json"))
+    runs = [json.loads(p.read_text()) for p in runs if "inprocess" not in p.name]
+    if not runs:
+        return
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    stores = [row[0] for row in runs[0]["rows"]]
+    width = 0.8 / len(runs)
+    for n, run in enumerate(runs):
+        ratio = {row[0]: row[3] for row in run["rows"]}
+        label = f"{run['workload'].split(':')[0]}, {run['compute_ms']:g} ms model step"
+        ax.bar(np.arange(len(stores)) + n * width, [ratio.get(s, 0) for s in stores], width, label=label)
+    ax.set_xticks(np.arange(len(stores)) + width * (len(runs) - 1) / 2)
+    ax.set_xticklabels([s.replace(" + ", "\n+ ").replace(" nodes", "\nnodes") for s in stores], fontsize=7)
+    ax.set_ylabel("ids/s against in-process numpy")
+    ax.set_title("Training-loop throughput (node processes on loopback, 2 cores)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(IMG / "train_loop.png", dpi=110)
+
+
+def recovery_vs_checkpoint(plt) -> None:
+    """Time to recover against the checkpoint interval, beside ectable's rebuild; checkpoint overhead."""
+    data = _load("recovery_vs_checkpoint")
+    if not data:
+        return
+    every = np.logspace(1, 4, 60)
+    it = data["iteration_s"]
+    total = data["checkpoint_read_s"] + every / 2 * it
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.loglog(every, total, label="full checkpoint: reload + replay of half an interval")
+    ax.axhline(data["ectable_rebuild_s"], color="C1", label="ectable: rebuild onto a spare")
+    if data.get("ectable_training_lost_s"):
+        ax.axhline(data["ectable_training_lost_s"], color="C2", ls="--", label="ectable: training time the failure cost")
+    ax.set_xlabel("iterations between full checkpoints")
+    ax.set_ylabel("seconds")
+    over = ax.twinx()
+    over.loglog(every, data["checkpoint_write_s"] / (every * it), color="C3", lw=0.8, ls=":")
+    over.set_ylabel("checkpoint overhead (dotted)", color="C3")
+    ax.set_title(f"Recovery against full checkpoints ({data.get('workload', '').split(':')[0]}, {data['rows']:,} rows)",
+                 fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(IMG / "recovery_vs_checkpoint.png", dpi=110)
+
+
+def memory_per_node(plt) -> None:
+    """Bytes per node against replication that survives as many failures."""
+    data = _load("memory_per_node")
+    if not data:
+        return
+    rows = data["rows"]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.bar(x - 0.2, [r[4] for r in rows], 0.4, label="ectable (data + parity + window)")
+    ax.bar(x + 0.2, [r[6] for r in rows], 0.4, label="replication, same failures survived")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{r[0]}\n{r[1]} nodes" for r in rows])
+    ax.set_ylabel("MiB per node")
+    ax.set_title(f"Memory per node, criteo-like x{data['scale']:g}", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(IMG / "memory_per_node.png", dpi=110)
+
+
 def main() -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     IMG.mkdir(parents=True, exist_ok=True)
-    for plot in (recovery_during, recovery_size):
+    for plot in (train_loop, recovery_during, recovery_size, recovery_vs_checkpoint, memory_per_node):
         plot(plt)
     print(f"wrote plots to {IMG}")
 
