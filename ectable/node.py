@@ -81,7 +81,7 @@ class Node:
         self.client_marks: dict[str, int] = {}  # client id -> its last write applied here
         self.client_writes: dict[str, tuple[int, int]] = {}  # client id -> (its last write, our seq for it)
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
-        self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, source, seq)
+        self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
         self.queued_rows = 0
         self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
         self.skipped_from: dict[str, int] = {}  # source -> first seq since which `skipped` is complete
@@ -235,11 +235,7 @@ class Node:
             delta = arrays[2 * t + 1]
             if delta.dtype != np.uint8 or delta.shape != (ids.size, shard.width * 4):
                 raise InvalidRequest(f"table {name!r}: delta must be uint8 of shape ({ids.size}, {shard.width * 4})")
-            stripes = shard.layout.stripe(ids)
-            shard.parity_slots(stripes)
-            if np.unique(stripes).size != stripes.size:
-                raise InvalidRequest(f"table {name!r}: a delta names a stripe twice")
-            work.append((shard, ids, delta, source, seq))
+            work.append((shard, ids, delta, shard.delta_slots(ids), source, seq))
         self.queued.extend(work)  # applied when the node is idle, or before anything reads parity
         self.queued_rows += sum(w[1].size for w in work)
         if self.queued_rows > MAX_QUEUED_ROWS:
@@ -254,8 +250,8 @@ class Node:
         """Fold every received delta into the parity rows; keep what rows not rebuilt yet skipped."""
         queued, self.queued, self.queued_rows = self.queued, [], 0
         now = self.clock()
-        for shard, ids, delta, source, seq in queued:
-            skipped = shard.apply_delta(ids, delta)
+        for shard, ids, delta, slots, source, seq in queued:
+            skipped = shard.apply_delta(ids, delta, slots)
             if skipped is not None:
                 self.skipped.setdefault(source, deque()).append((seq, now, shard.spec.name, *skipped))
         for source, log in self.skipped.items():  # bounded: a rebuild reading older data reads again
@@ -365,14 +361,16 @@ class Node:
             return
         parts: dict[int, tuple[list, list]] = {t: ([], []) for t in range(self.config.nodes) if t != self.position}
         for name, shard in self.shards.items():
+            if not len(shard.window):
+                continue
             ids, delta = shard.drain()
             stripes = shard.layout.stripe(ids)
             targets = np.concatenate([shard.layout.parity_node(stripes, j) for j in range(self.config.r)])
-            rows = np.tile(np.arange(ids.size), self.config.r)
-            order = np.argsort(targets, kind="stable")
-            for target in parts:
-                lo, hi = np.searchsorted(targets[order], [target, target + 1])
-                pick = rows[order[lo:hi]]
+            order = np.argsort(targets * shard.layout.num_stripes + np.tile(stripes, self.config.r))  # by target, then stripe
+            rows = np.tile(np.arange(ids.size), self.config.r)[order]
+            bounds = np.searchsorted(targets[order], np.arange(self.config.nodes + 1))
+            for target in np.flatnonzero(np.diff(bounds)).tolist():  # only the nodes this table has deltas for
+                pick = rows[bounds[target]:bounds[target + 1]]
                 parts[target][0].append(name)
                 parts[target][1].extend([ids[pick], delta[pick]])
         self.closed_windows += 1

@@ -191,6 +191,8 @@ class Repair:
             self.client._lost(target)
 
     def send_delta(self, target: int, table: str, ids, delta) -> None:
+        order = np.argsort(ids)  # a delta names its stripes in ascending order
+        ids, delta = ids[order], delta[order]
         seq = self._next_seq.get(target, 0) + 1
         self._next_seq[target] = seq
         header = {"op": "delta", "source": self.source, "seq": seq, "tables": [table]}

@@ -111,15 +111,23 @@ class Shard:
     def parity_slots(self, stripes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(parity index j, local offset) of stripes whose parity this node holds."""
         j = self.layout.slot_on(self.node, stripes) - self.layout.k
-        if stripes.size and (np.any(j < 0) or np.any(j >= self.layout.r)):
+        if (j.view(np.uint64) >= self.layout.r).any():  # negative j wraps to a huge unsigned value
             raise InvalidRequest(f"table {self.spec.name!r}: node {self.node} holds no parity of some stripes")
         return j, self.layout.parity_offset(stripes, j)
 
-    def apply_delta(self, ids: np.ndarray, delta: np.ndarray):
-        """parity ^= coefficient * delta for each data row's stripe held here (ids: unique stripes).
+    def delta_slots(self, ids: np.ndarray) -> tuple:
+        """(parity index j, local parity offset, position in the stripe) of each data row of a delta;
+        raises unless the rows' stripes ascend (so each comes once) and have their parity here."""
+        stripes = self.layout.stripe(ids)
+        j, local = self.parity_slots(stripes)
+        if stripes.size > 1 and not (stripes[1:] > stripes[:-1]).all():
+            raise InvalidRequest(f"table {self.spec.name!r}: a delta must name its stripes in ascending order, each once")
+        return j, local, self.layout.position(ids)
+
+    def apply_delta(self, ids: np.ndarray, delta: np.ndarray, slots: tuple):
+        """parity ^= coefficient * delta for each data row's stripe held here (`slots`: from delta_slots).
         Rows whose parity is not rebuilt yet are skipped; returns those (ids, delta), or None."""
-        j, local = self.parity_slots(self.layout.stripe(ids))
-        pos = self.layout.position(ids)
+        j, local, pos = slots
         skipped = None
         if self.missing_parity is not None:  # not rebuilt yet: its rebuild reads the data as it is then
             keep = ~self.missing_parity[local]

@@ -47,3 +47,28 @@ def test_refuses_other_dtypes():
         codec.encode({}, [np.array(["x"])])
     with pytest.raises(codec.Malformed):
         codec.decode([msgpack.packb({"arrays": [["O", [1]]]}), b"12345678"])
+
+
+def test_small_arrays_share_one_frame_and_large_ones_travel_alone():
+    small = [np.arange(n, dtype=np.int64) for n in (0, 1, 3, 100)]
+    large = np.ones((codec.PACK_BELOW // 4 + 1,), dtype=np.float32)
+    strided = np.ones(codec.PACK_BELOW // 2 + 2, dtype=np.float32)[::2]  # not contiguous, PACK_BELOW + 4 bytes
+    sent = [small[0], large, *small[1:], strided]
+    frames = codec.encode({"op": "x"}, sent)
+    assert len(frames) == 1 + 1 + 2  # header, the shared frame, the two large arrays
+    _, got = codec.decode([bytes(f) for f in frames])
+    for a, b in zip(sent, got):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert all(a.ctypes.data % codec.ALIGN == 0 for a in got[2:5] if a.size)  # aligned inside the shared frame
+
+
+@pytest.mark.parametrize("desc,frames", [
+    (["i8", [2], 8], [b"x" * 16]),        # overruns the shared frame
+    (["i8", [1], 3], [b"x" * 16]),        # unaligned offset
+    (["i8", [1], -8], [b"x" * 16]),       # negative offset
+    (["i8", [1], 0], []),                 # the shared frame is missing
+    (["i8", [1], 0, 1], [b"x" * 16]),     # too many fields
+])
+def test_bad_shared_frame_descriptors_are_malformed(desc, frames):
+    with pytest.raises(codec.Malformed):
+        codec.decode([msgpack.packb({"arrays": [desc]}), *frames])

@@ -1,7 +1,10 @@
-"""Wire format: one msgpack header frame, then one raw frame per array (never pickle).
+"""Wire format: one msgpack header frame, then the arrays' raw bytes (never pickle).
 
-The header is a map of plain values; its key "arrays" lists `[dtype, shape]` for each
-array frame that follows. Only the dtypes in `DTYPES` cross the wire.
+The header is a map of plain values; its key "arrays" lists `[dtype, shape]` or
+`[dtype, shape, offset]` per array. Arrays of `PACK_BELOW` bytes or more travel as frames of
+their own, zero-copy, in order after the header; smaller ones are copied side by side (at
+8-byte-aligned offsets) into one frame that comes first, since a frame costs far more than
+copying a few KiB (ZeroMQ copies small frames anyway). Only the dtypes in `DTYPES` cross.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ DTYPES = {"i8": np.dtype("<i8"), "f4": np.dtype("<f4"), "f8": np.dtype("<f8"), "
 _CODES = {dt: code for code, dt in DTYPES.items()}
 MAX_HEADER = 1 << 20
 MAX_DIMS = 4
+PACK_BELOW = 1 << 16
+ALIGN = 8
 
 
 class Malformed(ValueError):
@@ -21,17 +26,38 @@ class Malformed(ValueError):
 
 
 def encode(header: dict, arrays) -> list:
-    """Frames of a message: the packed header, then each array's buffer (zero-copy when contiguous)."""
-    descs, frames = [], []
+    """Frames of a message: the packed header, the small arrays' shared frame, then each large array's buffer."""
+    descs, small, large, at = [], [], [], 0
     for arr in arrays:
         arr = np.asarray(arr)
         code = _CODES.get(arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype)
         if code is None:
             raise TypeError(f"cannot send arrays of dtype {arr.dtype}")
         arr = np.require(arr, dtype=DTYPES[code], requirements="C")
-        descs.append([code, list(arr.shape)])
-        frames.append(memoryview(arr).cast("B") if arr.size else b"")
-    return [msgpack.packb({**header, "arrays": descs}, use_bin_type=True), *frames]
+        if arr.nbytes < PACK_BELOW:
+            descs.append([code, list(arr.shape), at])
+            small.append((at, arr))
+            at += -(-arr.nbytes // ALIGN) * ALIGN
+        else:
+            descs.append([code, list(arr.shape)])
+            large.append(memoryview(arr).cast("B"))
+    frames = [msgpack.packb({**header, "arrays": descs}, use_bin_type=True)]
+    if small:
+        pack = np.empty(at, dtype=np.uint8)
+        for (offset, arr), end in zip(small, [offset for offset, _ in small[1:]] + [at]):
+            pack[offset:offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            pack[offset + arr.nbytes:end] = 0  # the alignment padding
+        frames.append(memoryview(pack))
+    return frames + large
+
+
+def _descriptor(desc) -> tuple[np.dtype, tuple, int | None]:
+    if not (isinstance(desc, list) and len(desc) in (2, 3) and isinstance(desc[0], str) and desc[0] in DTYPES
+            and isinstance(desc[1], list)
+            and len(desc[1]) <= MAX_DIMS and all(isinstance(d, int) and 0 <= d < 1 << 40 for d in desc[1])
+            and (len(desc) == 2 or (isinstance(desc[2], int) and 0 <= desc[2] < 1 << 40 and desc[2] % ALIGN == 0))):
+        raise Malformed(f"bad array descriptor {desc!r}"[:200])
+    return DTYPES[desc[0]], tuple(desc[1]), desc[2] if len(desc) == 3 else None
 
 
 def decode(frames) -> tuple[dict, list]:
@@ -49,17 +75,24 @@ def decode(frames) -> tuple[dict, list]:
     if not isinstance(header, dict):
         raise Malformed("header is not a map")
     descs = header.pop("arrays", [])
-    if not isinstance(descs, list) or len(descs) != len(frames) - 1:
-        raise Malformed(f"header lists {len(descs) if isinstance(descs, list) else '?'} arrays, message has {len(frames) - 1}")
+    if not isinstance(descs, list):
+        raise Malformed("header's arrays is not a list")
+    descs = [_descriptor(d) for d in descs]
+    packed = any(offset is not None for _, _, offset in descs)
+    bufs = [f.buffer if hasattr(f, "buffer") else memoryview(f) for f in frames[1:]]
+    if len(bufs) != packed + sum(offset is None for _, _, offset in descs):
+        raise Malformed(f"header lists {len(descs)} arrays, message has {len(frames) - 1} frames")
+    pack, large = (bufs[0] if packed else None), iter(bufs[packed:])
     arrays = []
-    for desc, frame in zip(descs, frames[1:]):
-        if not (isinstance(desc, list) and len(desc) == 2 and isinstance(desc[0], str) and desc[0] in DTYPES
-                and isinstance(desc[1], list)
-                and len(desc[1]) <= MAX_DIMS and all(isinstance(d, int) and 0 <= d < 1 << 40 for d in desc[1])):
-            raise Malformed(f"bad array descriptor {desc!r}"[:200])
-        dtype, shape = DTYPES[desc[0]], tuple(desc[1])
-        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-        if math.prod(shape) * dtype.itemsize != len(buf):
-            raise Malformed(f"array frame of {len(buf)} bytes does not hold {desc[0]}{list(shape)}")
-        arrays.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
+    for dtype, shape, offset in descs:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if offset is None:
+            buf = next(large)
+            if nbytes != len(buf):
+                raise Malformed(f"array frame of {len(buf)} bytes does not hold {dtype.str}{list(shape)}")
+            arrays.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
+        else:
+            if offset + nbytes > len(pack):
+                raise Malformed(f"array at {offset} of {nbytes} bytes overruns the shared frame of {len(pack)}")
+            arrays.append(np.frombuffer(pack, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape))
     return header, arrays
