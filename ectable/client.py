@@ -110,19 +110,19 @@ class Client:
         done = self._fan_out({p: ({"op": "get_many", "tables": [t for t, _, _ in ps]}, [ids for _, ids, _ in ps])
                               for p, ps in parts.items()})
         for p, ps in parts.items():
-            rows = done.get(p)
-            for n, (table, ids, where) in enumerate(ps):
-                out = plan[table][2]
-                out[where] = rows[n] if rows is not None else self._read_node(p, table, ids)
+            rows = done[p] if p in done else self._read_node(p, {table: ids for table, ids, _ in ps})
+            for n, (table, _, where) in enumerate(ps):
+                plan[table][2][where] = rows[n]
         return {table: out[inverse] for table, (_, inverse, out) in plan.items()}
 
-    def _read_node(self, p, table, ids, records=False):
-        """Rows from node p, decoding them if it is dead and rebuilding them first if needed."""
+    def _read_node(self, p, ids: dict, records: bool = False) -> list:
+        """Rows (or whole `records`) of {table: ids}, in that order, from node p, decoding them if it is
+        dead and rebuilding them first if needed."""
         def attempt():
             if self._state(p) == "dead":
-                out = self.repair.read(table, ids)
-                return out if records else np.ascontiguousarray(out[:, : self._table(table)[0].dim])
-            return self._call(p, {"op": "get", "table": table, "records": records}, [ids])[1][0]
+                out = self.repair.read_many(ids)
+                return [out[t] if records else np.ascontiguousarray(out[t][:, : self._table(t)[0].dim]) for t in ids]
+            return self._call(p, {"op": "get_many", "tables": list(ids), "records": records}, list(ids.values()))[1]
         return self._with_failover(p, attempt)
 
     def _with_failover(self, p, attempt):
@@ -136,7 +136,7 @@ class Client:
                     self.cluster.mark_rebuilding(exc.position)
                     continue
                 try:
-                    self.repair.rebuild_rows(p, exc.table, exc.ids)
+                    self.repair.rebuild_rows(p, exc.missing or {exc.table: exc.ids})
                 except NodeDown as down:
                     self._lost(down.position)
             except NodeDown as exc:
@@ -444,7 +444,9 @@ class Client:
             self.cluster.refresh()  # the map changed: the next _state() fails over what moved
         error = reply.get("error")
         if error == "not_rebuilt":
-            exc = NotRebuilt(reply["table"], out[0], "parity" if reply.get("kind") == "parity" else "data")
+            names = reply.get("tables")
+            missing = dict(zip(names, out[1:])) if isinstance(names, list) and len(names) == len(out) - 1 else None
+            exc = NotRebuilt(reply["table"], out[0], "parity" if reply.get("kind") == "parity" else "data", missing)
             exc.position = p
             raise exc
         if error == "stale_cut":

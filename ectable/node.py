@@ -106,7 +106,8 @@ class Node:
             reply.setdefault("durable", self.durable_seq)
             return reply, out
         except NotRebuilt as exc:
-            return {"error": "not_rebuilt", "table": exc.table, "kind": exc.kind, "message": str(exc)}, [exc.ids]
+            return ({"error": "not_rebuilt", "table": exc.table, "kind": exc.kind, "tables": list(exc.missing),
+                     "message": str(exc)}, [exc.ids, *exc.missing.values()])
         except InvalidRequest as exc:
             self.rejected += 1
             return {"error": "invalid", "message": str(exc)}, []
@@ -158,14 +159,22 @@ class Node:
         return {}, [rows]
 
     def op_get_many(self, header, arrays):
-        """Rows of several tables: header "tables", one ids array per table."""
+        """Rows of several tables: header "tables", one ids array per table; "records": whole records."""
         tables = header.get("tables")
         if not isinstance(tables, list):
             raise InvalidRequest("get_many needs a list of tables")
         self._arrays(arrays, len(tables))
         work = [(self._shard({"table": t}), ids) for t, ids in zip(tables, arrays)]
         work = [(shard, self._ids(shard, ids)) for shard, ids in work]
-        return {}, [shard.read(ids) for shard, ids in work]
+        self._need_rebuilt(work)
+        return {}, [shard.read(ids, records=header.get("records") is True) for shard, ids in work]
+
+    @staticmethod
+    def _need_rebuilt(work) -> None:
+        """Refuse a request touching rows not rebuilt yet, naming those of every table at once."""
+        missing = {shard.spec.name: m for shard, ids in work if (m := shard.unrebuilt(ids)).size}
+        if missing:
+            raise NotRebuilt.of(missing)
 
     def op_write(self, header, arrays):
         """Writes to several tables as one request: header "parts" = [[table, "put" | "apply_gradient"], ...],
@@ -189,8 +198,9 @@ class Node:
             validate.unique(shard.spec.name, ids)
             values = validate.rows(shard.spec.name, arrays[2 * n + 1], ids.size, shard.dim,
                                    "rows" if kind == "put" else "gradients")
-            shard.local(ids)  # not on this node, or not rebuilt yet: refuse before any change
-            work.append((shard.put if kind == "put" else shard.apply_gradient, ids, values))
+            work.append((shard, kind, ids, values))
+        self._need_rebuilt([(shard, ids) for shard, _, ids, _ in work])  # refuse before any change
+        work = [(shard.put if kind == "put" else shard.apply_gradient, ids, values) for shard, kind, ids, values in work]
         if self.write_seq == self.closed_upto:
             self.window_opened = self.clock()  # the window's age counts from its first write
         for apply, ids, values in work:

@@ -62,33 +62,45 @@ class Repair:
         deltas that the data nodes read had sent it; otherwise the parity of holders still waiting for
         deltas, or the data of nodes that moved on, is read again until it is.
         """
-        spec, layout = self.client._table(table)
+        return self.recover_many({table: stripes}, skip)[table]
+
+    def recover_many(self, stripes: dict, skip: int | None = None) -> dict:
+        """`recover` of several tables ({table: stripes} -> {table: (blocks, cut)}), every table's
+        reads in flight at once; each table's cut is checked on its own."""
         deadline = time.monotonic() + 30
-        unread = None  # slots a rebuilding node said it has not rebuilt
+        unread = {table: None for table in stripes}  # per table: slots a rebuilding node said it has not rebuilt
         while True:
-            nodes, virtual, have = self._slots(table, stripes)  # again after a failover
-            if unread is None:
-                unread = nodes == skip
-            have &= ~unread
-            self._short(table, stripes, have)
-            chosen = have & (np.cumsum(have, axis=1) <= layout.k)
-            read = chosen & ~virtual
-            blocks = np.zeros((stripes.size, layout.width, spec.width * 4), dtype=np.uint8)
-            senders, holders = {}, {}
+            cuts = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}
             try:
-                while read.any():  # the first time every slot; then only what moved on or lagged behind
-                    self._read(table, stripes, nodes, read, blocks, senders, holders)
-                    read = self._inconsistent(nodes, chosen & ~virtual, senders, holders, layout.k)
-                    if read.any():
+                while any(cut["read"].any() for cut in cuts.values()):  # first every slot, then what moved
+                    self._read(cuts)
+                    for cut in cuts.values():
+                        cut["read"] = self._inconsistent(cut["nodes"], cut["chosen"] & ~cut["virtual"],
+                                                         cut["senders"], cut["holders"], cut["k"])
+                    if any(cut["read"].any() for cut in cuts.values()):
                         if time.monotonic() > deadline:
-                            raise Error(f"table {table!r}: parity holders kept lagging behind the data")
+                            raise Error(f"tables {list(stripes)}: parity holders kept lagging behind the data")
                         time.sleep(0.001)
             except NotRebuilt as exc:
-                self._not_rebuilt(table, stripes, nodes, unread, exc)
+                self._not_rebuilt(exc, cuts[exc.table], unread[exc.table])
                 continue
             break
-        self._decode(blocks, chosen, layout.width)
-        return blocks, senders
+        for cut in cuts.values():
+            self._decode(cut["blocks"], cut["chosen"], cut["nodes"].shape[1])
+        return {table: (cut["blocks"], cut["senders"]) for table, cut in cuts.items()}
+
+    def _start(self, table, stripes, skip, unread) -> dict:
+        """A fresh read of `stripes`: which slots to read from where (again after a failover)."""
+        spec, layout = self.client._table(table)
+        nodes, virtual, have = self._slots(table, stripes)
+        if unread[table] is None:
+            unread[table] = nodes == skip
+        have &= ~unread[table]
+        self._short(table, stripes, have)
+        chosen = have & (np.cumsum(have, axis=1) <= layout.k)
+        return {"table": table, "stripes": stripes, "k": layout.k, "nodes": nodes, "virtual": virtual,
+                "chosen": chosen, "read": chosen & ~virtual, "senders": {}, "holders": {},
+                "blocks": np.zeros((stripes.size, layout.width, spec.width * 4), dtype=np.uint8)}
 
     @staticmethod
     def _inconsistent(nodes, read, senders, holders, k) -> np.ndarray:
@@ -107,41 +119,41 @@ class Repair:
         again[:, k:] = np.isin(nodes[:, k:], list(lagging))
         return again & read
 
-    def _read(self, table, stripes, nodes, read, blocks, senders, holders) -> None:
-        """Read the `read` slots into `blocks`, one request per node and kind, all in flight at once;
-        note what each data node had sent (`senders`) and each parity holder applied (`holders`)."""
-        k = self.client._table(table)[1].k
+    def _read(self, cuts: dict) -> None:
+        """Read every cut's `read` slots into its blocks, one request per node, kind and table, all in
+        flight at once; note what each data node had sent (`senders`) and each parity holder applied."""
         requests, where = {}, {}
-        for node in np.unique(nodes[read]):
-            mine = read & (nodes == node)
-            rows, cols = np.nonzero(mine[:, :k])
-            if rows.size:
-                requests[(int(node), "data")] = ({"op": "get", "table": table, "committed": True, "records": True},
-                                                 [stripes[rows] * k + cols])
-                where[(int(node), "data")] = (rows, cols)
-            rows, cols = np.nonzero(mine[:, k:])
-            if rows.size:
-                requests[(int(node), "parity")] = ({"op": "get_parity", "table": table}, [stripes[rows]])
-                where[(int(node), "parity")] = (rows, k + cols)
-        for (node, kind), (reply, arrays) in self.client._gather(requests).items():
-            rows, cols = where[(node, kind)]
-            blocks[rows, cols] = arrays[0].view(np.uint8) if kind == "data" else arrays[0]
+        for table, cut in cuts.items():
+            stripes, nodes, read, k = cut["stripes"], cut["nodes"], cut["read"], cut["k"]
+            for node in np.unique(nodes[read]).tolist():
+                mine = read & (nodes == node)
+                rows, cols = np.nonzero(mine[:, :k])
+                if rows.size:
+                    requests[(node, "data", table)] = (
+                        {"op": "get", "table": table, "committed": True, "records": True}, [stripes[rows] * k + cols])
+                    where[(node, "data", table)] = (rows, cols)
+                rows, cols = np.nonzero(mine[:, k:])
+                if rows.size:
+                    requests[(node, "parity", table)] = ({"op": "get_parity", "table": table}, [stripes[rows]])
+                    where[(node, "parity", table)] = (rows, k + cols)
+        for (node, kind, table), (reply, arrays) in self.client._gather(requests).items():
+            cut = cuts[table]
+            rows, cols = where[(node, kind, table)]
+            cut["blocks"][rows, cols] = arrays[0].view(np.uint8) if kind == "data" else arrays[0]
             if kind == "data":
-                senders[node] = (reply["source"], reply["sent"])
+                cut["senders"][node] = (reply["source"], reply["sent"])
             else:
-                holders[node] = reply["applied"]
+                cut["holders"][node] = reply["applied"]
 
-    def _not_rebuilt(self, table, stripes, nodes, unread, exc) -> None:
+    def _not_rebuilt(self, exc, cut, unread) -> None:
         """A rebuilding node lacks some slots: mark them unread (data ids or parity stripes)."""
-        _, layout = self.client._table(table)
-        node = exc.position
+        stripes, nodes, k, node = cut["stripes"], cut["nodes"], cut["k"], exc.position
         if exc.kind == "parity":
             rows = np.isin(stripes, exc.ids)
-            unread[rows, layout.k:] |= nodes[rows, layout.k:] == node
+            unread[rows, k:] |= nodes[rows, k:] == node
         else:
-            rows = np.isin(stripes, layout.stripe(exc.ids))
-            unread[rows, :layout.k] |= (nodes[rows, :layout.k] == node) & np.isin(
-                stripes[rows, None] * layout.k + np.arange(layout.k), exc.ids)
+            rows = np.isin(stripes, exc.ids // k)
+            unread[rows, :k] |= (nodes[rows, :k] == node) & np.isin(stripes[rows, None] * k + np.arange(k), exc.ids)
 
     def _decode(self, blocks, chosen, width) -> None:
         slots = np.arange(width)
@@ -158,10 +170,14 @@ class Repair:
 
     def read(self, table: str, ids: np.ndarray, skip: int | None = None) -> np.ndarray:
         """Committed records of data rows, decoded from their stripes."""
-        _, layout = self.client._table(table)
-        stripes, inverse = np.unique(layout.stripe(ids), return_inverse=True)
-        blocks, _ = self.recover(table, stripes, skip)
-        return blocks[inverse.reshape(-1), layout.position(ids)].view(np.float32)
+        return self.read_many({table: ids}, skip)[table]
+
+    def read_many(self, ids: dict, skip: int | None = None) -> dict:
+        """{table: ids} -> {table: committed records}, decoded from their stripes, all tables at once."""
+        plan = {table: np.unique(self.client._table(table)[1].stripe(i), return_inverse=True) for table, i in ids.items()}
+        blocks = self.recover_many({table: stripes for table, (stripes, _) in plan.items()}, skip)
+        return {table: blocks[table][0][inverse.reshape(-1), self.client._table(table)[1].position(ids[table])]
+                .view(np.float32) for table, (_, inverse) in plan.items()}
 
     # -- writing through parity ------------------------------------------
     def write(self, table: str, kind: str, ids: np.ndarray, values: np.ndarray) -> None:
@@ -199,48 +215,50 @@ class Repair:
         self.client._call(target, header, [ids, delta])
 
     # -- rebuilding a replacement ----------------------------------------
-    def rebuild_rows(self, position: int, table: str, ids: np.ndarray) -> None:
-        """Rebuild data rows of the node at `position` now (they were touched before their turn)."""
-        rows = self.read(table, ids, skip=position)
-        self.client._call(position, {"op": "restore", "table": table, "kind": "data", "node": self._node(position)},
-                          [ids, rows])
+    def rebuild_rows(self, position: int, ids: dict) -> None:
+        """Rebuild data rows ({table: ids}) of the node at `position` now (touched before their turn)."""
+        rows = self.read_many(ids, skip=position)
+        self.client._gather({(position, table): ({"op": "restore", "table": table, "kind": "data",
+                                                  "node": self._node(position)}, [ids[table], rows[table]])
+                             for table in ids})
 
     def _node(self, position: int) -> str | None:
         """The identity this client expects at `position`: restores meant for it go nowhere else."""
         return self.client._sources.get(position)
 
-    def _rebuild_parity(self, position: int, table: str, stripes: np.ndarray, generation: int) -> None:
-        """Parity rows of `position` from their stripes' data, with the deltas the data was read at
-        (the node adds the newer ones it skipped meanwhile, and waits for older ones still on their way).
-        Given up (the next round reads again) if the node moved on further than it remembers."""
-        _, layout = self.client._table(table)
-        slot = layout.slot_on(position, stripes)
-        blocks, senders = self.recover(table, stripes, skip=position)
-        rows = np.ascontiguousarray(blocks[np.arange(stripes.size), slot])
-        cut = {source: int(sent.get(str(position), 0)) for source, sent in senders.values()}
-        header = {"op": "restore", "table": table, "kind": "parity", "cut": cut, "generation": generation,
-                  "node": self._node(position)}
-        wait, deadline = 0.001, time.monotonic() + 5.0
-        while True:
-            try:
-                self.client._call(position, header, [stripes, rows])
-                return
-            except StaleCut as stale:
-                if not stale.behind or time.monotonic() > deadline:
-                    return
-                time.sleep(wait)
-                wait = min(2 * wait, 0.05)
+    def _rebuild_parity(self, position: int, stripes: dict, generation: int) -> None:
+        """Parity rows ({table: stripes}) of `position` from their stripes' data, with the deltas the data
+        was read at (the node adds the newer ones it skipped meanwhile, and waits for older ones still on
+        their way). A table is given up (the next round reads again) if the node moved on further than
+        it remembers."""
+        for table, (blocks, senders) in self.recover_many(stripes, skip=position).items():
+            layout = self.client._table(table)[1]
+            slot = layout.slot_on(position, stripes[table])
+            rows = np.ascontiguousarray(blocks[np.arange(stripes[table].size), slot])
+            cut = {source: int(sent.get(str(position), 0)) for source, sent in senders.values()}
+            header = {"op": "restore", "table": table, "kind": "parity", "cut": cut, "generation": generation,
+                      "node": self._node(position)}
+            wait, deadline = 0.001, time.monotonic() + 5.0
+            while True:
+                try:
+                    self.client._call(position, header, [stripes[table], rows])
+                    break
+                except StaleCut as stale:
+                    if not stale.behind or time.monotonic() > deadline:
+                        break
+                    time.sleep(wait)
+                    wait = min(2 * wait, 0.05)
 
     def rebuild_step(self, position: int, budget: int) -> int:
         """Rebuild up to `budget` rows and parity rows of the node at `position`; returns how many remain."""
         reply, arrays = self.client._call(position, {"op": "missing", "limit": budget, "node": self._node(position)}, [])
         generation = reply.get("generation", 0)
-        for t, table in enumerate(reply["tables"]):
-            ids, stripes = arrays[2 * t], arrays[2 * t + 1]
-            if ids.size:
-                self.rebuild_rows(position, table, ids)
-            if stripes.size:
-                self._rebuild_parity(position, table, stripes, generation)
+        data = {table: arrays[2 * t] for t, table in enumerate(reply["tables"]) if arrays[2 * t].size}
+        if data:
+            self.rebuild_rows(position, data)
+        parity = {table: arrays[2 * t + 1] for t, table in enumerate(reply["tables"]) if arrays[2 * t + 1].size}
+        if parity:
+            self._rebuild_parity(position, parity, generation)
         left = self.client._call(position, {"op": "status"}, [])[0]["status"]["rebuild_missing"]
         if left == 0:
             self.client.cluster.rebuilt(position)

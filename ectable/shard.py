@@ -18,9 +18,17 @@ class NotRebuilt(Error):
 
     position = None  # the node that said so, once a client read its reply
 
-    def __init__(self, table: str, ids: np.ndarray, kind: str = "data"):
-        super().__init__(f"table {table!r}: {ids.size} {'rows' if kind == 'data' else 'parity rows'} not rebuilt yet")
+    def __init__(self, table: str, ids: np.ndarray, kind: str = "data", missing: dict | None = None):
+        super().__init__(f"table {table!r}: {ids.size} {'rows' if kind == 'data' else 'parity rows'} not rebuilt yet"
+                         + (f" (and rows of {len(missing) - 1} more tables)" if missing and len(missing) > 1 else ""))
         self.table, self.ids, self.kind = table, ids, kind  # kind "parity": ids are stripes
+        self.missing = missing or ({table: ids} if kind == "data" else {})  # data rows, every table named
+
+    @classmethod
+    def of(cls, missing: dict) -> "NotRebuilt":
+        """Data rows not rebuilt yet in several tables: {table: ids}."""
+        table = next(iter(missing))
+        return cls(table, missing[table], "data", missing)
 
 
 class Shard:
@@ -70,17 +78,22 @@ class Shard:
                 self.parity[self.layout.parity_offset(part, j)] = self.code.encode(data)[j]
 
     # -- data rows -------------------------------------------------------
-    def local(self, ids: np.ndarray) -> np.ndarray:
-        """Local offsets of ids this node must own."""
+    def local(self, ids: np.ndarray, rebuilt: bool = True) -> np.ndarray:
+        """Local offsets of ids this node must own (and, if `rebuilt`, must have rebuilt)."""
         if ids.size and np.any(self.layout.data_node(ids) != self.node):
             bad = ids[self.layout.data_node(ids) != self.node][0]
             raise InvalidRequest(f"table {self.spec.name!r}: row {bad} does not live on node {self.node}")
         local = self.layout.data_offset(ids)
-        if self.missing_data is not None:
+        if rebuilt and self.missing_data is not None:
             missing = self.missing_data[local]
             if missing.any():
                 raise NotRebuilt(self.spec.name, ids[missing])
         return local
+
+    def unrebuilt(self, ids: np.ndarray) -> np.ndarray:
+        """The ids (owned here) whose rows are not rebuilt yet."""
+        local = self.local(ids, rebuilt=False)
+        return ids[:0] if self.missing_data is None else ids[self.missing_data[local]]
 
     def read(self, ids, committed=False, records=False) -> np.ndarray:
         """Weights (or whole records) of rows; `committed`: as of the open window's start."""

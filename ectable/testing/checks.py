@@ -11,7 +11,7 @@ def read_records(client, table: str, ids) -> np.ndarray:
     ids = np.asarray(ids, dtype=np.int64)
     out = np.empty((ids.size, spec.width), dtype=np.float32)
     for p, where in client._by_node(layout, ids):
-        out[where] = client._read_node(p, table, ids[where], records=True)
+        out[where] = client._read_node(p, {table: ids[where]}, records=True)[0]
     return out
 
 
