@@ -49,6 +49,7 @@ bench: $(VENV)/.bench-installed
 		|| echo "no redis-server: the Redis baseline is skipped"
 	if command -v redis-server >/dev/null; then $(PY) -m bench.redis_baseline --workload criteo zipf --scale $(SCALE); fi
 	$(PY) -m bench.plots
+	$(PY) -m bench.report
 
 clean:
 	rm -rf $(VENV) build *.egg-info

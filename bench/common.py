@@ -38,7 +38,9 @@ def report(name: str, columns: list[str], rows: list[list], extra: dict | None =
         print("  ".join(_fmt(v).rjust(w) for v, w in zip(r, widths)))
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    payload = {"benchmark": name, "machine": machine(), "columns": columns, "rows": rows, **(extra or {})}
+    payload = {"benchmark": name, "machine": machine(), "columns": columns, "rows": rows}
+    assert not set(payload) & set(extra or {}), "extra results may not replace the table"
+    payload.update(extra or {})
     path.write_text(json.dumps(payload, indent=2))
     print(f"wrote {path.relative_to(RESULTS.parent.parent)}")
     return path

@@ -27,10 +27,9 @@ def recovery_during(plt) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.6))
     for share, s in data["series"].items():
         times = np.array(s["times"])
-        t = np.cumsum(times)
-        t = t - t[s["kill_at"]]  # seconds since the SIGKILL
-        rate = 1 / np.convolve(times, np.ones(5) / 5, mode="valid")  # smoothed over 5 iterations
-        line, = ax.plot(t[2:-2], rate, lw=1, label=f"rebuild share {share}")
+        t = np.cumsum(times) - (np.cumsum(times) - times)[s["kill_at"]]  # iteration ends, seconds since the SIGKILL
+        rate = 1 / np.convolve(times, np.ones(5) / 5, mode="valid")  # over each iteration and the 4 before it
+        line, = ax.plot(t[4:], rate, lw=1, label=f"rebuild share {share}")
         busy = np.flatnonzero(s["rebuilding"])
         if busy.size:
             ax.axvspan(t[busy[0]], t[busy[-1]], color=line.get_color(), alpha=0.08)
@@ -38,7 +37,7 @@ def recovery_during(plt) -> None:
     ax.text(0, ax.get_ylim()[1] * 0.95, " SIGKILL", va="top")
     ax.set_xlabel("seconds since the SIGKILL (shaded: the spare is rebuilding)")
     ax.set_ylabel("iterations / s")
-    ax.set_title(f"Training through a node failure ({data.get('workload', '').split(':')[0]}, {data['rows']:,} rows, "
+    ax.set_title(f"Training through a node failure ({data.get('workload', '').split(':')[0]}, {data['table_rows']:,} rows, "
                  f"xor(4,1), {data['compute_ms']:.0f} ms model step)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -103,7 +102,7 @@ def recovery_vs_checkpoint(plt) -> None:
     over = ax.twinx()
     over.loglog(every, data["checkpoint_write_s"] / (every * it), color="C3", lw=0.8, ls=":")
     over.set_ylabel("checkpoint overhead (dotted)", color="C3")
-    ax.set_title(f"Recovery against full checkpoints ({data.get('workload', '').split(':')[0]}, {data['rows']:,} rows)",
+    ax.set_title(f"Recovery against full checkpoints ({data.get('workload', '').split(':')[0]}, {data['table_rows']:,} rows)",
                  fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

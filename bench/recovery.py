@@ -150,7 +150,7 @@ def part_during(work: Workload, compute, shares, out):
     out["during"] = series
     report("recovery_during", ["rebuild share", "it/s before", "failover it.", "during rebuild", "after",
                                "rebuild s", "training lost s"], rows_out,
-           {"series": series, "rows": sum(work.sizes.values()), "workload": work.describe(),
+           {"series": series, "table_rows": sum(work.sizes.values()), "workload": work.describe(),
             "compute_ms": compute * 1000})
     return lost
 
@@ -188,7 +188,7 @@ def part_checkpoint(work: Workload, intervals, compute, overhead, lost_training,
           + (f" and training lost {lost_training:.2f} s to the failure" if lost_training else ""))
     report("recovery_vs_checkpoint", ["checkpoint every", "its overhead", "reload s", "replay s", "total s",
                                       "vs ectable rebuild", "vs ectable training lost"], rows_out,
-           {"rows": rows, "workload": work.describe(), "checkpoint_write_s": write_secs, "checkpoint_read_s": load_secs, "iteration_s": iteration,
+           {"table_rows": rows, "workload": work.describe(), "checkpoint_write_s": write_secs, "checkpoint_read_s": load_secs, "iteration_s": iteration,
             "ectable_rebuild_s": ec_secs, "ectable_training_lost_s": lost_training, "rows_rebuilt": rebuilt,
             "parity_overhead": overhead, "compute_ms": compute * 1000})
 
