@@ -127,7 +127,7 @@ class Client:
 
     def _with_failover(self, p, attempt):
         """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first
-        (a request may name many tables, and a node reports the unrebuilt rows of one table at a time)."""
+        (the tries grow with the tables, as a request may name them all)."""
         for _ in range(4 * (self.nodes + len(self._tables))):
             try:
                 return attempt()
