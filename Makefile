@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench clean
 
-# make bench: about 15 minutes on 2 cores; make bench FULL=1: the full sizes (about 40 minutes)
+# make bench: about 7 minutes on 2 cores; make bench FULL=1: the full sizes (about 16 minutes)
 ifeq ($(FULL),1)
 SCALE := 1.0
 TRAIN_ARGS := --scale 1.0 --iters 60 --checkpoint-every 25
