@@ -65,7 +65,7 @@ def main():
                                      "replication B/row", "ectable / replication"], versus)
     print()
     sizes = criteo_like_sizes(args.scale)
-    raw = sum(sizes.values()) * 65 * 4
+    raw = sum(sizes.values()) * (64 + 1) * 4  # a rowwise_adagrad record: 64 weights and one state
     nodes_out = []
     for code, k, r, nodes in [("xor", 4, 1, 5), ("rs", 4, 2, 6), ("rs", 6, 3, 9)]:
         held = per_node(sizes, code, k, r, nodes)

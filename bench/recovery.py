@@ -7,8 +7,8 @@ Three parts, all in one run, nodes as processes on loopback:
    cannot beat on this machine: decoding the same bytes in process, and moving them over
    loopback ZeroMQ (a rebuilt row reads k slots and writes one: "MB/s moved").
 2. `during`: a training loop over a workload (`--workload`, default criteo-like: get_many,
-   model step, apply_gradient_many, step) with a node SIGKILLed part way; iteration times before, during and after the rebuild (a time series, and
-   the during/before throughput ratio).
+   model step, apply_gradient_many, step) with a node SIGKILLed part way; iteration times
+   before, during and after the rebuild (a time series, and the during/before ratio).
 3. `checkpoint`: the same failure handled the way training is protected today: a full
    checkpoint of every table every N iterations, so a failure costs reading the last one
    back and replaying the iterations since (N/2 on average, at the measured cost of an
@@ -17,6 +17,8 @@ Three parts, all in one run, nodes as processes on loopback:
    uses the one at which writing checkpoints costs training as much as parity does
    (`--overhead`, from bench.train_loop). Compared with ectable's time to full protection
    and with the training time ectable's failure cost (part 2).
+
+    python -m bench.recovery [--parts size during checkpoint] [--workload criteo] [--scale 1.0]
 """
 from __future__ import annotations
 

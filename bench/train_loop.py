@@ -109,12 +109,11 @@ def run(work: Workload, repeat: int, compute: float, checkpoint_every: int, proc
 
 
 def table(work: Workload, median: dict) -> list:
+    """[store, ids/s, against none on as many nodes, against numpy] per store."""
     ids = sum(sum(v.size for v in b.values()) for b in work.batches[WARMUP:])
-    out = []
-    for name, secs in median.items():
-        base = median["none " + name.split()[-2] + " nodes"] if "nodes" in name else None
-        out.append([name, round(ids / secs), round(base / secs, 3) if base else "-", round(median["numpy"] / secs, 3)])
-    return out
+    none = {store_name(*s): median[store_name("none", 4, 0, s[3])] for s in STORES}
+    return [[name, round(ids / secs), round(none[name] / secs, 3) if name in none else "-",
+             round(median["numpy"] / secs, 3)] for name, secs in median.items()]
 
 
 def main():
