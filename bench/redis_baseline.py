@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from ectable.validate import sum_rows
+
 from .common import report
 from .train_loop import WARMUP, cluster_loop, rowwise_adagrad
 from .workloads import DIM, WORKLOADS, Workload
@@ -102,8 +104,7 @@ def redis_loop(work: Workload, *options: str) -> float:
                 at += uniq.size
             for t, (ids, grads) in work.gradients(batch).items():
                 uniq, inv = plan[t]
-                summed = np.zeros((uniq.size, DIM), dtype=np.float32)
-                np.add.at(summed, inv.reshape(-1), grads)
+                summed = sum_rows(inv.reshape(-1), grads, uniq.size)  # what the client does, too
                 rowwise_adagrad(records[t], summed)
             _mset(r, [key for ks in keys.values() for key in ks], np.concatenate(list(records.values())))
         return time.perf_counter() - start

@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 import ectable
+from ectable.validate import sum_rows
 
 from .common import report
 from .workloads import DIM, WORKLOADS, Workload
@@ -61,8 +62,7 @@ def numpy_loop(work: Workload, compute: float = 0.0, checkpoint_every: int = 0) 
             time.sleep(compute)
             for t, (ids, grads) in work.gradients(batch).items():
                 uniq, inv = plan[t]
-                summed = np.zeros((uniq.size, DIM), dtype=np.float32)
-                np.add.at(summed, inv.reshape(-1), grads)
+                summed = sum_rows(inv.reshape(-1), grads, uniq.size)  # what the client does, too
                 rec = tables[t][uniq]
                 rowwise_adagrad(rec, summed)
                 tables[t][uniq] = rec

