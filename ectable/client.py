@@ -126,9 +126,8 @@ class Client:
         return self._with_failover(p, attempt)
 
     def _with_failover(self, p, attempt):
-        """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first
-        (the tries grow with the tables, as a request may name them all)."""
-        for _ in range(4 * (self.nodes + len(self._tables))):
+        """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first."""
+        for _ in range(4 * self.nodes):
             try:
                 return attempt()
             except NotRebuilt as exc:
@@ -136,7 +135,7 @@ class Client:
                     self.cluster.mark_rebuilding(exc.position)
                     continue
                 try:
-                    self.repair.rebuild_rows(p, exc.missing or {exc.table: exc.ids})
+                    self.repair.rebuild_rows(p, exc.missing)  # every table's rows the request touched
                 except NodeDown as down:
                     self._lost(down.position)
             except NodeDown as exc:
@@ -480,15 +479,13 @@ class Client:
         if not self.cluster.claim_failover(source):
             self._sources[p] = self.cluster.source(p)
             return
-        marks: dict[int, dict] = {}  # per survivor: the last write of each client from the dead node it holds
-        for q in range(self.nodes):
-            if q != p and self.cluster.state(q) != "dead":
-                try:
-                    marks[q] = self._call(q, {"op": "applied", "source": source}, [])[0]["clients"]
-                except NodeDown:
-                    pass  # it died too: its parity is rebuilt, it holds nothing
+        answers = self._ask_survivors({(q,): ({"op": "applied", "source": source}, []) for q in range(self.nodes)
+                                       if q != p and self.cluster.state(q) != "dead"})
+        # per survivor: the last write of each client from the dead node that it holds
+        marks = {key[0]: reply["clients"] for key, (reply, _) in answers.items()}
         log = list(self._log[p])
-        pending = [self._unapplied(entry, marks, self._holds) for entry in log]  # before the log lets go
+        held = self._parity_held(log, marks)
+        pending = [self._unapplied(entry, marks, held) for entry in log]  # before the log lets go
         self._log[p].clear()
         for entry in log:
             entry.replayed = True
@@ -501,7 +498,34 @@ class Client:
             if writes:
                 self._write_node(p, writes)
 
-    def _unapplied(self, entry, marks, holds):
+    def _ask_survivors(self, requests: dict) -> dict:
+        """`_gather`, leaving out nodes that do not answer (they died too: they hold nothing)."""
+        while True:
+            try:
+                return self._gather(requests)
+            except NodeDown as down:
+                if down.position is None:
+                    raise
+                requests = {key: r for key, r in requests.items() if key[0] != down.position}
+
+    def _parity_held(self, log, marks) -> dict:
+        """{(holder, table): (stripes ascending, whether it has their parity row)} for the stripes the
+        writes of `log` touched, asked of every surviving parity holder at once (a rebuilding node
+        may lack some rows)."""
+        asks: dict = {}
+        for entry in log:
+            for table, _, ids, _ in entry.writes:
+                layout = self._table(table)[1]
+                stripes = layout.stripe(ids)
+                for j in range(layout.r):
+                    holders = layout.parity_node(stripes, j)
+                    for q in set(np.unique(holders).tolist()) & marks.keys():
+                        asks.setdefault((q, table), []).append(stripes[holders == q])
+        stripes = {key: np.unique(np.concatenate(parts)) for key, parts in asks.items()}
+        answers = self._ask_survivors({key: ({"op": "holds", "table": key[1]}, [s]) for key, s in stripes.items()})
+        return {key: (stripes[key], arrays[0].astype(bool)) for key, (_, arrays) in answers.items()}
+
+    def _unapplied(self, entry, marks, held):
         """The rows of a logged write whose parity does not hold it yet: for each row, the most
         advanced of its parity holders that has the row's parity row (the coordinator made the
         others agree, or forget theirs)."""
@@ -509,22 +533,16 @@ class Client:
         for table, kind, ids, values in entry.writes:
             layout = self._table(table)[1]
             stripes = layout.stripe(ids)
-            held = np.full(ids.size, -1, dtype=np.int64)
+            last = np.full(ids.size, -1, dtype=np.int64)  # per row: the last of this client's writes its parity has
             for j in range(layout.r):
                 holders = layout.parity_node(stripes, j)
-                for q in np.unique(holders):
-                    pick = holders == q
-                    if int(q) in marks:
-                        have = holds(int(q), table, stripes[pick])
-                        held[pick] = np.maximum(held[pick], np.where(have, marks[int(q)].get(entry.cid, 0), -1))
-            todo = held < entry.cseq
+                for q in np.unique(holders).tolist():
+                    if (q, table) in held:
+                        pick = holders == q
+                        known, have = held[(q, table)]
+                        has = have[np.searchsorted(known, stripes[pick])]
+                        last[pick] = np.maximum(last[pick], np.where(has, marks[q].get(entry.cid, 0), -1))
+            todo = last < entry.cseq
             if todo.any():
                 out.append((table, kind, ids[todo], values[todo]))
         return out
-
-    def _holds(self, q, table, stripes) -> np.ndarray:
-        """Which of `stripes` node q has the parity row of (a rebuilding node may lack some)."""
-        try:
-            return self._call(q, {"op": "holds", "table": table}, [stripes])[1][0].astype(bool)
-        except NodeDown:
-            return np.zeros(stripes.size, dtype=bool)

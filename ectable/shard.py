@@ -181,8 +181,7 @@ class Shard:
         for ids, delta in later:
             pick = np.isin(self.layout.stripe(ids), fresh)
             if pick.any():
-                j, loc = self.parity_slots(self.layout.stripe(ids[pick]))
-                self._xor_terms(j, loc, self.layout.position(ids[pick]), delta[pick])
+                self._xor_terms(*self.delta_slots(ids[pick]), delta[pick])
         self._settle()
 
     def invalidate(self, stripes) -> None:
