@@ -23,16 +23,19 @@ def cmd_node(args) -> None:
         map_header = {"op": "map", "position": args.id, "config": data["cluster"], "endpoints": endpoints, "dead": []}
         if "coordinator" in data:
             map_header["coordinator"] = data["coordinator"]["endpoint"]
-    token = os.environ.get("ECTABLE_CONTROL_TOKEN") or data.get("coordinator", {}).get("token")
-    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, token)
+    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data))
 
 
 def cmd_coordinator(args) -> None:
     from .coordinator import run
     data = cluster_config.load(args.config)
-    token = os.environ.get("ECTABLE_CONTROL_TOKEN") or data.get("coordinator", {}).get("token")
     bind = args.bind or data.get("coordinator", {}).get("endpoint") or "tcp://127.0.0.1:0"
-    run(data, bind, token, args.parent)
+    run(data, bind, _token(data), args.parent)
+
+
+def _token(data: dict) -> str | None:
+    """The cluster's control token: from the environment, else from the config file."""
+    return os.environ.get("ECTABLE_CONTROL_TOKEN") or data.get("coordinator", {}).get("token")
 
 
 def cmd_up(args) -> None:
@@ -55,9 +58,8 @@ def cmd_up(args) -> None:
 
 
 def cmd_status(args) -> None:
-    from .maps import RemoteCluster
-    cluster = RemoteCluster.from_file(args.config)
-    client = cluster.connect()
+    from .maps import connect
+    client = connect(args.config)
     try:
         while True:
             text = render(client.status())
@@ -70,7 +72,7 @@ def cmd_status(args) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        cluster.close()
+        client.close()
 
 
 def render(status: dict) -> str:

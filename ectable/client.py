@@ -286,10 +286,12 @@ class Client:
             for p in self._positions():
                 self._rebuild_some(p, self.rebuild_budget)
 
-    def _rebuild_some(self, p, budget) -> None:
-        """If node p is rebuilding, rebuild up to `budget` of its rows (failing over if nodes die meanwhile)."""
-        if self._state(p) == "rebuilding":
-            self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, budget))
+    def _rebuild_some(self, p, budget) -> int:
+        """If node p is rebuilding, rebuild up to `budget` of its rows (failing over if nodes die meanwhile);
+        returns how many it still lacks (0 once it is not rebuilding)."""
+        if self._state(p) != "rebuilding":
+            return 0
+        return self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, budget))
 
     def _close_windows(self, wait: bool = False) -> None:
         """Ask every node to close its window; the replies are collected by the next request

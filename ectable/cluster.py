@@ -133,25 +133,14 @@ class InProcessCluster(LocalCluster):
                 return
 
 
-class _Process:
-    """A node or coordinator process started by this cluster."""
-
-    def __init__(self, proc: subprocess.Popen, endpoint: str):
-        self.proc, self.endpoint = proc, endpoint
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-
 class ProcessCluster(CoordinatedMap, LocalCluster):
     """Node processes and a coordinator on 127.0.0.1 (`LocalCluster(..., processes=True)`), stopped on exit."""
 
     def __init__(self, *args, curve: dict | None = None, **kwargs):
         LocalCluster.__init__(self, *args, **kwargs)
         self._token = secrets.token_hex(16)  # only this cluster's coordinator may re-map or stop its nodes
-        self._procs: dict[str, _Process] = {}
-        self.context = None
-        self.curve = curve
+        self._procs: dict[str, subprocess.Popen] = {}  # endpoint -> the process serving it
+        self.curve = curve  # _attach sets it again, with the context, for the map's own connections
         try:
             nodes = self._spawn_nodes(self.config.nodes + self._spares)
             data = {"cluster": self.config.get_config(),
@@ -191,13 +180,10 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
     def add_spare(self) -> None:
         """Start one more spare node process and register it with the coordinator."""
         (endpoint,) = self._spawn_nodes(1)
-        view = self._view
-        header = {"op": "map", "token": self._token, "config": self.config.get_config(), "endpoints": view["endpoints"],
-                  "dead": [p for p, s in enumerate(view["states"]) if s == "dead"], "epoch": view["epoch"],
-                  "fenced": view["fenced"],
-                  "coordinator": self.coordinator_endpoint}
-        self._control(endpoint, header)
-        spares, deadline = view["spares"], time.monotonic() + START_TIMEOUT
+        # a node with no position only learns where the coordinator is; the coordinator maps it later
+        self._control(endpoint, {"op": "map", "token": self._token, "endpoints": [],
+                                 "coordinator": self.coordinator_endpoint})
+        spares, deadline = self._view["spares"], time.monotonic() + START_TIMEOUT
         while self._view["spares"] <= spares and endpoint not in self._view["endpoints"]:  # it registered, or
             # the coordinator put it straight into a dead position
             if time.monotonic() > deadline:
@@ -218,22 +204,25 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
                     _stop(other)
                 raise Error(f"{command[0]} process {proc.pid} failed to start: {line!r}")
             endpoints.append(line.split()[1])
-            self._procs[endpoints[-1]] = _Process(proc, endpoints[-1])
+            self._procs[endpoints[-1]] = proc
         return endpoints
 
+    def _exited(self, endpoint: str) -> bool:
+        """This process started it, so it knows at once when it exits."""
+        return self._procs[endpoint].poll() is not None
+
     def _live(self, endpoint: str) -> bool:
-        """Exited (this process started it, so it knows at once), or declared dead by the coordinator."""
-        return self._procs[endpoint].alive() and super()._live(endpoint)
+        """Not exited, and not declared dead by the coordinator."""
+        return not self._exited(endpoint) and super()._live(endpoint)
 
     def state(self, p: int) -> str:
-        if self._view["states"][p] != "dead" and not self._procs[self._view["endpoints"][p]].alive():
+        if self._view["states"][p] != "dead" and self._exited(self._view["endpoints"][p]):
             self.mark_dead(p)
         return super().state(p)
 
     def _evidence(self, p: int) -> dict:
         """The process at p is gone (this cluster is its parent): the coordinator need not ping it."""
-        dead = not self._procs[self._view["endpoints"][p]].alive()
-        return {"token": self._token, "exited": True} if dead else {}
+        return {"token": self._token, "exited": True} if self._exited(self._view["endpoints"][p]) else {}
 
     def describe(self) -> dict:
         """The cluster's TOML contents for `ectable.connect` (no control token)."""
@@ -246,18 +235,18 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
     # -- processes ---------------------------------------------------------
     def kill(self, i: int) -> None:
         """SIGKILL the process of active node i (the cluster notices on its next use)."""
-        proc = self._procs[self._view["endpoints"][i]].proc
+        proc = self._procs[self._view["endpoints"][i]]
         proc.kill()
         proc.wait(10)
 
     def node_pids(self) -> list[int]:
-        return [self._procs[e].proc.pid for e in self._view["endpoints"]]
+        return [self._procs[e].pid for e in self._view["endpoints"]]
 
     def close(self) -> None:
         if self.context is not None:
             self._detach()
         for node in self._procs.values():
-            _stop(node.proc)
+            _stop(node)
         self._procs = {}
 
     def __del__(self):

@@ -177,21 +177,30 @@ class CoordinatorServer:
                     pass  # its heartbeats will tell
 
     def fail(self, p: int) -> None:
-        """Declare position p dead, fence it everywhere, make its stripes' parity agree, then put a
-        spare in its place if one is left."""
+        """Declare position p dead, fence it everywhere, make its stripes' parity agree, then put
+        spares in the dead positions. A survivor that cannot be asked is failed too, in the same
+        pass: every dead position is reconciled before any spare is installed."""
         m = self.members
-        source = m.sources[p]
-        m.declare_dead(p)
-        self.broadcast()  # fenced on every survivor before any client sees the new epoch
-        if source is not None:
-            self.reconcile(p, source)
+        todo: dict[int, str | None] = {}  # dead positions still to reconcile -> their source
+        lost = [p]
+        while lost or todo:
+            for q in lost:
+                todo[q] = m.sources[q]
+                m.declare_dead(q)
+            if lost:
+                self.broadcast()  # fenced on every survivor before any client sees the new epoch
+            q, source = next(iter(todo.items()))
+            finished, lost = self.reconcile(q, source) if source is not None else (True, [])
+            if finished:
+                del todo[q]
         self.refill()
 
-    def reconcile(self, p: int, source: str) -> None:
+    def reconcile(self, p: int, source: str) -> tuple[bool, list[int]]:
         """A dead node's last windows may have reached some parity holders of a stripe and not others.
         Per stripe p held data in, every holder behind the stripe's most advanced holder (among those
         that have the stripe's parity row) forgets its row; it is rebuilt from data, after clients
-        replayed what no parity holds. A stripe's most advanced holder is never touched."""
+        replayed what no parity holds. A stripe's most advanced holder is never touched.
+        Returns whether it finished, and the survivors that did not answer (to be failed)."""
         m = self.members
         score = np.full(len(m.endpoints), -1, dtype=np.int64)  # windows of p each survivor applied
         for q, endpoint in enumerate(m.endpoints):
@@ -199,12 +208,11 @@ class CoordinatorServer:
                 try:
                     score[q] = sum(self._control(endpoint, {"op": "applied", "source": source})[0]["clients"].values())
                 except (NodeDown, Error):
-                    self.fail(q)  # it cannot be reconciled: it is as good as dead
-                    return self.reconcile(p, source) if m.states[p] == "dead" else None
+                    return False, [q]  # it cannot be reconciled: it is as good as dead; then again without it
         if len(set(score[score >= 0].tolist())) < 2:
-            return  # every survivor holds the same windows of p
-        tables = self._tables() or []
-        for spec in tables:
+            return True, []  # every survivor holds the same windows of p
+        epoch, lost = m.epoch, []
+        for spec in self._tables() or []:
             layout = m.config.layout(TableSpec.from_config(spec))
             stripes = np.unique(np.concatenate([layout.stripes_of(p, t) for t in range(layout.k)]))
             holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)], axis=1)
@@ -222,18 +230,22 @@ class CoordinatorServer:
                     sub[mine[rows] & ~has[:, None]] = -1
                     held[rows] = sub
             behind = (held >= 0) & (held < held.max(axis=1, keepdims=True))
-            for q in np.unique(holders[behind]):
+            for q in np.unique(holders[behind]).tolist():
+                if q in lost:
+                    continue
                 stale = stripes[(behind & (holders == q)).any(axis=1)]
                 try:
                     reply = self._control(m.endpoints[q], {"op": "invalidate", "table": spec["name"]}, [stale])[0]
                 except (NodeDown, Error):
-                    self.fail(int(q))
+                    lost.append(q)
                     continue
                 m.generations[q] = max(m.generations[q], reply.get("generation", 0))
                 if m.states[q] == "up":
                     m.states[q] = "rebuilding"
                     m.epoch += 1
-        self.broadcast()
+        if m.epoch != epoch:
+            self.broadcast()
+        return True, lost
 
     def refill(self) -> None:
         """Put live spares in dead positions, giving each its position, then its tables."""
@@ -327,7 +339,8 @@ class CoordinatorServer:
                 self.assign()
                 next_assign = time.monotonic() + HEARTBEAT
             for p in self.members.silent():
-                self.fail(p)
+                if p in self.members.silent():  # not replaced meanwhile by a failure handled in the same pass
+                    self.fail(p)
             if self.members.spares and "dead" in self.members.states:
                 self.refill()  # a spare that arrived after the failure
             if self.parent and os.getppid() != self.parent:

@@ -64,6 +64,8 @@ class CoordinatedMap:
     """A cluster map kept by a coordinator process: cached here, re-read when a node's reply
     carries a newer epoch, when a request fails, or (while waiting on a node) every MAP_RECHECK seconds."""
 
+    context: zmq.Context | None = None  # until _attach
+
     def _attach(self, endpoint: str, curve: dict | None) -> None:
         self.context = zmq.Context()
         self.curve = curve

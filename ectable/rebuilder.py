@@ -22,7 +22,6 @@ class Rebuilder(threading.Thread):
         super().__init__(name=f"rebuilder-{position}", daemon=True)
         self.coordinator, self.curve, self.position, self.source = coordinator, curve, position, source
         self._halt = threading.Event()
-        self.error: str | None = None
 
     def stop(self) -> None:
         self._halt.set()
@@ -31,26 +30,22 @@ class Rebuilder(threading.Thread):
         from .maps import RemoteCluster
         try:
             cluster = RemoteCluster(self.coordinator, self.curve)
-        except Error as exc:
-            self.error = str(exc)
-            return
+        except Error:
+            return  # no coordinator to reach: the node starts another rebuilder a second later
         try:
             client = cluster.connect()
-            while not self._halt.is_set() and cluster._view["sources"][self.position] != self.source:
+            while not self._halt.is_set() and cluster.source(self.position) != self.source:
                 time.sleep(0.05)  # the coordinator publishes the new map once every node has it
                 cluster.refresh()
             cluster.mark_rebuilding(self.position)
             config = cluster.config
-            while not self._halt.is_set() and cluster._view["sources"][self.position] == self.source:
+            while not self._halt.is_set() and cluster.source(self.position) == self.source:
                 started = time.perf_counter()
-                left = client._with_failover(self.position, lambda: client.repair.rebuild_step(
-                    self.position, config.rebuild_batch))
-                if not left:
+                if not client._rebuild_some(self.position, config.rebuild_batch):
                     return
                 share = min(max(config.rebuild_share, 0.01), 1.0)
                 self._halt.wait((time.perf_counter() - started) * (1 - share) / share)
         except Error as exc:  # the node or the cluster went away: a later round starts again
-            self.error = str(exc)
             print(f"ectable rebuilder of node {self.position}: {exc}", file=sys.stderr, flush=True)
         finally:
             cluster.close()
