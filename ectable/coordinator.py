@@ -27,7 +27,7 @@ from .errors import Error, NodeDown
 from .node import ClusterConfig
 from .table import TableSpec
 from .transport import ZmqChannel, codec
-from .transport.zeromq import make_socket, start_authenticator
+from .transport.zeromq import bind_to, make_socket, start_authenticator
 
 ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 HEARTBEAT = 0.5  # seconds between a node's heartbeats
@@ -38,8 +38,8 @@ CONTROL_TIMEOUT = 2.0  # a control call to a node (map, tables, ping)
 class Membership:
     """Who holds each position (endpoint, identity, state), the spares, the fenced identities, the epoch."""
 
-    def __init__(self, config: ClusterConfig, endpoints: list[str], spares: list[str], clock=time.monotonic):
-        self.config, self.clock = config, clock
+    def __init__(self, config: ClusterConfig, endpoints: list[str], spares: list[str]):
+        self.config, self.clock = config, time.monotonic
         self.epoch = 1
         self.endpoints = list(endpoints)
         self.sources: list[str | None] = [None] * len(endpoints)  # known once the node took its position
@@ -47,7 +47,7 @@ class Membership:
         self.generations = [0] * len(endpoints)  # per position: how often its node began rebuilding
         self.spares = list(spares)
         self.fenced: list[str] = []
-        now = clock()
+        now = self.clock()
         self.beats = {e: now for e in [*endpoints, *spares]}  # a grace period from the start
 
     def view(self) -> dict:
@@ -121,29 +121,42 @@ class CoordinatorServer:
         self.context = zmq.Context()
         self.auth = start_authenticator(self.context, curve)
         self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
-        if bind.endswith(":0"):
-            host = bind.rsplit(":", 1)[0]
-            self.endpoint = f"{host}:{self.router.bind_to_random_port(host)}"
-        else:
-            self.router.bind(bind)
-            self.endpoint = bind
+        self.endpoint = bind_to(self.router, bind)
         self.channels: dict[str, ZmqChannel] = {}
         self.running = True
 
     # -- talking to nodes --------------------------------------------------
     def _control(self, endpoint: str, header: dict, arrays=()) -> tuple[dict, list]:
-        channel = self.channels.get(endpoint)
-        if channel is None:
-            channel = self.channels[endpoint] = ZmqChannel(endpoint, self.context, self.curve,
-                                                           connect_timeout=CONTROL_TIMEOUT)
-        try:
-            reply = channel.call(header, list(arrays), CONTROL_TIMEOUT)
-        except zmq.ZMQError as exc:  # a bad endpoint, say: as good as dead
-            self.channels.pop(endpoint).close()
-            raise NodeDown(f"{endpoint}: {exc}") from None
-        if reply[0].get("error"):
-            raise Error(f"node {endpoint}: {reply[0].get('message')}")
+        reply = self._control_all({endpoint: (header, arrays)})[endpoint]
+        if isinstance(reply, Exception):
+            raise reply
         return reply
+
+    def _control_all(self, requests: dict) -> dict:
+        """{endpoint: (header, arrays)}, all sent at once -> {endpoint: its reply, or the NodeDown or
+        Error it met}; one CONTROL_TIMEOUT for them all."""
+        pending, out = {}, {}
+        for endpoint, (header, arrays) in requests.items():
+            try:
+                channel = self.channels.get(endpoint)
+                if channel is None:
+                    channel = self.channels[endpoint] = ZmqChannel(endpoint, self.context, self.curve,
+                                                                   connect_timeout=CONTROL_TIMEOUT)
+                pending[endpoint] = channel.start(header, list(arrays))
+            except NodeDown as exc:
+                out[endpoint] = exc
+            except zmq.ZMQError as exc:  # a bad endpoint, say: as good as dead
+                self.channels.pop(endpoint).close()
+                out[endpoint] = NodeDown(f"{endpoint}: {exc}")
+        deadline = time.monotonic() + CONTROL_TIMEOUT
+        for endpoint, request in pending.items():
+            try:
+                reply = request.wait(max(deadline - time.monotonic(), 0.01))
+            except NodeDown as exc:
+                out[endpoint] = exc
+                continue
+            out[endpoint] = Error(f"node {endpoint}: {reply[0].get('message')}") if reply[0].get("error") else reply
+        return out
 
     def _map_header(self, **extra) -> dict:
         m = self.members
@@ -168,13 +181,9 @@ class CoordinatorServer:
                 pass
 
     def broadcast(self) -> None:
-        header = self._map_header()
-        for p, endpoint in enumerate(self.members.endpoints):
-            if self.members.states[p] != "dead":
-                try:
-                    self._control(endpoint, header)
-                except (NodeDown, Error):
-                    pass  # its heartbeats will tell
+        """Push the map to every node not dead, at once (one that does not answer: its heartbeats will tell)."""
+        m, header = self.members, self._map_header()
+        self._control_all({e: (header, ()) for p, e in enumerate(m.endpoints) if m.states[p] != "dead"})
 
     def fail(self, p: int) -> None:
         """Declare position p dead, fence it everywhere, make its stripes' parity agree, then put
@@ -203,12 +212,13 @@ class CoordinatorServer:
         Returns whether it finished, and the survivors that did not answer (to be failed)."""
         m = self.members
         score = np.full(len(m.endpoints), -1, dtype=np.int64)  # windows of p each survivor applied
-        for q, endpoint in enumerate(m.endpoints):
-            if m.states[q] != "dead":
-                try:
-                    score[q] = sum(self._control(endpoint, {"op": "applied", "source": source})[0]["clients"].values())
-                except (NodeDown, Error):
-                    return False, [q]  # it cannot be reconciled: it is as good as dead; then again without it
+        survivors = [q for q in range(len(m.endpoints)) if m.states[q] != "dead"]
+        answers = self._control_all({m.endpoints[q]: ({"op": "applied", "source": source}, ()) for q in survivors})
+        for q in survivors:
+            reply = answers[m.endpoints[q]]
+            if isinstance(reply, Exception):
+                return False, [q]  # it cannot be reconciled: it is as good as dead; then again without it
+            score[q] = sum(reply[0]["clients"].values())
         if len(set(score[score >= 0].tolist())) < 2:
             return True, []  # every survivor holds the same windows of p
         epoch, lost = m.epoch, []
@@ -255,15 +265,14 @@ class CoordinatorServer:
 
     def _install(self, p: int) -> None:
         m = self.members
+        tables = self._tables()
+        if tables is None:  # nobody to copy the tables from: try again later
+            return
         while True:
             spare = m.take_spare()
             if spare is None:
                 return
             source = None
-            tables = self._tables()
-            if tables is None:  # nobody to copy the tables from: try again later
-                m.spares.insert(0, spare)
-                return
             try:
                 source = self._control(spare, self._map_header(position=p, rebuilding=True))[0]["source"]
                 for spec in tables:

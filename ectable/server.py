@@ -22,7 +22,7 @@ from .coordinator import ENDPOINT, HEARTBEAT
 from .node import ClusterConfig, Node
 from .rebuilder import Rebuilder
 from .transport import codec
-from .transport.zeromq import make_socket, start_authenticator
+from .transport.zeromq import bind_to, make_socket, start_authenticator
 
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02
@@ -38,16 +38,10 @@ class NodeServer:
         self.curve, self.parent, self.token = curve, parent, token
         self.auth = start_authenticator(self.context, curve)
         self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
-        if bind.endswith(":0"):
-            port = self.router.bind_to_random_port(bind.rsplit(":", 1)[0])
-            self.endpoint = f"{bind.rsplit(':', 1)[0]}:{port}"
-        else:
-            self.router.bind(bind)
-            self.endpoint = bind
+        self.endpoint = bind_to(self.router, bind)
         self.node: Node | None = None
         self.epoch = 0  # of the last map taken
         self.heart: _Heart | None = None  # beats to the coordinator, once a map names it
-        self.coordinator_endpoint: str | None = None
         self.rebuilder: Rebuilder | None = None
         self.next_rebuilder = 0.0
         self.endpoints: list[str] = []
@@ -99,7 +93,6 @@ class NodeServer:
                 return {"source": self.node and self.node.source}
             self.epoch = header["epoch"]
         if coordinator is not None and self.heart is None:
-            self.coordinator_endpoint = coordinator
             self.heart = _Heart(self, coordinator)
             self.heart.start()
         if self.node is None and header.get("position") is not None:
@@ -144,21 +137,22 @@ class NodeServer:
     def rebuild(self) -> None:
         """While this node is rebuilding, a rebuilder thread pulls what it lacks (restarted if it stops)."""
         node = self.node
-        if node is None or not node.rebuilding or self.coordinator_endpoint is None:
+        if node is None or not node.rebuilding or self.heart is None:
             return
         if (self.rebuilder is not None and self.rebuilder.is_alive()) or time.monotonic() < self.next_rebuilder:
             return
         self.next_rebuilder = time.monotonic() + 1.0
-        self.rebuilder = Rebuilder(self.coordinator_endpoint, self.curve, node.position, node.source)
+        self.rebuilder = Rebuilder(self.heart.endpoint, self.curve, node.position, node.source)
         self.rebuilder.start()
 
     def leave(self) -> None:
         """This node was declared dead while it was away: drop everything and wait as a spare."""
         if self.rebuilder is not None:
             self.rebuilder.stop()
-        for target in list(self.peers):
-            self._drop_peer(target)
-        self.inflight.clear()
+        for sock in self.peers.values():  # its deltas go nowhere now: the node that made them is gone
+            self.poller.unregister(sock)
+            sock.close(0)
+        self.peers, self.inflight = {}, {}
         self.node = None
         self.endpoints, self.dead, self.sources = [], set(), {}
 

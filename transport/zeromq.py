@@ -40,6 +40,15 @@ def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, serv
     return sock
 
 
+def bind_to(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind `sock` to `endpoint` (port 0: a free port) and return the endpoint it is bound to."""
+    if endpoint.endswith(":0"):
+        host = endpoint.rsplit(":", 1)[0]
+        return f"{host}:{sock.bind_to_random_port(host)}"
+    sock.bind(endpoint)
+    return endpoint
+
+
 def start_authenticator(context: zmq.Context, curve: dict | None):
     """With CURVE keys: a ZAP handler admitting only the listed client keys (None without keys)."""
     if not curve:
