@@ -32,6 +32,7 @@ import numpy as np
 
 import ectable
 from ectable.codes import get_code
+from ectable.testing import read_records
 
 from .common import report
 from .train_loop import create_tables, full_checkpoint
@@ -196,7 +197,6 @@ def part_checkpoint(work: Workload, intervals, compute, overhead, lost_training,
 
 
 def read_all(client, table, rows):
-    from ectable.testing import read_records
     return np.concatenate([read_records(client, table, np.arange(lo, min(rows, lo + (1 << 17))))
                            for lo in range(0, rows, 1 << 17)])
 
