@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ectable.validate import sum_rows
+from ectable.protocol.validate import sum_rows
 
 from .common import report
 from .train_loop import WARMUP, cluster_loop, rowwise_adagrad

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import ectable
-from ectable.validate import sum_rows
+from ectable.protocol.validate import sum_rows
 
 from .common import report
 from .workloads import DIM, WORKLOADS, Workload

@@ -11,7 +11,7 @@ from . import config as cluster_config
 
 
 def cmd_node(args) -> None:
-    from .server import run
+    from .process.node_server import run
     data = cluster_config.load(args.config) if args.config else {}
     curve = data.get("security")
     map_header, bind = None, args.bind
@@ -27,7 +27,7 @@ def cmd_node(args) -> None:
 
 
 def cmd_coordinator(args) -> None:
-    from .coordinator import run
+    from .process.coordinator import run
     data = cluster_config.load(args.config)
     bind = args.bind or data.get("coordinator", {}).get("endpoint") or "tcp://127.0.0.1:0"
     run(data, bind, _token(data), args.parent)
@@ -39,7 +39,7 @@ def _token(data: dict) -> str | None:
 
 
 def cmd_up(args) -> None:
-    from .cluster import ProcessCluster
+    from .process.local import ProcessCluster
     curve = cluster_config.load(args.keys)["security"] if args.keys else None
     cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, curve=curve)
     fd = os.open(args.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -58,7 +58,7 @@ def cmd_up(args) -> None:
 
 
 def cmd_status(args) -> None:
-    from .maps import connect
+    from .client import connect
     client = connect(args.config)
     try:
         while True:

@@ -1,4 +1,4 @@
-"""Cluster TOML files: what `ectable up` writes and `ectable.connect` / `ectable node` read.
+"""What a cluster agrees on (`ClusterConfig`), and cluster TOML files: what `ectable up` writes and `ectable.connect` / `ectable node` read.
 
     [cluster]   nodes, code, k, r, window_rows, window_seconds
     [nodes]     endpoints = ["tcp://127.0.0.1:PORT", ...]  (one per active position), spares = [...]
@@ -7,7 +7,38 @@
 from __future__ import annotations
 
 import json
+import re
 import tomllib
+from dataclasses import dataclass
+
+from .codes import get_code
+from .layout import Layout, table_offset
+
+DEADLINE = 30.0  # seconds a request may take before its node counts as down
+ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")  # what a node's address looks like
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What every node and client agrees on: active node count and code."""
+
+    nodes: int
+    code: str = "xor"
+    k: int = 4
+    r: int = 1
+    window_rows: int = 1 << 20  # a window closes once this many rows are dirty...
+    window_seconds: float = 5.0  # ...or it is this old, so parity never lags without bound
+    rebuild_batch: int = 1 << 15  # rows (and parity rows) a rebuilding node pulls per round
+    rebuild_share: float = 0.5  # of its time a rebuilding node spends pulling: it rests the rest
+
+    def make_code(self):
+        return get_code(self.code, self.k, self.r)
+
+    def layout(self, spec) -> Layout:
+        return Layout(self.nodes, self.k, self.r, spec.num_rows, table_offset(spec.name, self.nodes))
+
+    def get_config(self) -> dict:
+        return dict(self.__dict__)
 
 
 def load(path: str) -> dict:

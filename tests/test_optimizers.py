@@ -3,10 +3,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 import ectable
-from ectable.initializers import check_init, init_rows
-from ectable.optimizers import get_optimizer
+from ectable.storage.initializers import check_init, init_rows
+from ectable.storage.optimizers import get_optimizer
 from ectable.testing import ReferenceTable
-from ectable.validate import coalesce, sum_rows
+from ectable.protocol.validate import coalesce, sum_rows
 
 g32 = st.floats(-3, 3, width=32)
 

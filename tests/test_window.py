@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 import ectable
-from ectable.window import Window
+from ectable.storage.window import Window
 
 
 @given(st.lists(st.lists(st.integers(0, 19), unique=True, max_size=8), max_size=10))

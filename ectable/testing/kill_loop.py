@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from ..cluster import LocalCluster
+from ..process.local import LocalCluster
 from .checks import check_parity, read_records
 
 TABLES = {"users": (6_000, 16, "rowwise_adagrad"), "items": (20_000, 8, "adagrad")}

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..initializers import init_rows
-from ..table import TableSpec
+from ..storage.initializers import init_rows
+from ..storage.table import TableSpec
 
 
 class ReferenceTable:

@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import event, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ..cluster import LocalCluster
+from ..process.local import LocalCluster
 from ..errors import InvalidRequest
 from .checks import check_parity, read_records
 from .reference import ReferenceTable

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 
 def ids(table: str, value, num_rows: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 from .initializers import check_init
 from .optimizers import Optimizer, get_optimizer
 

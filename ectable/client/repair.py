@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from .errors import Error, NodeDown, StaleCut, Unavailable
-from .shard import NotRebuilt
+from ..errors import Error, NodeDown, StaleCut, Unavailable
+from ..storage.shard import NotRebuilt
 
 _repairers = itertools.count(1)
 

@@ -12,7 +12,8 @@ import sys
 import threading
 import time
 
-from .errors import Error
+from ..client import Client
+from ..errors import Error
 
 
 class Rebuilder(threading.Thread):
@@ -27,13 +28,13 @@ class Rebuilder(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        from .maps import RemoteCluster
+        from ..cluster.maps import RemoteCluster
         try:
             cluster = RemoteCluster(self.coordinator, self.curve)
         except Error:
             return  # no coordinator to reach: the node starts another rebuilder a second later
         try:
-            client = cluster.connect()
+            client = Client(cluster)
             while not self._halt.is_set() and cluster.source(self.position) != self.source:
                 time.sleep(0.05)  # the coordinator publishes the new map once every node has it
                 cluster.refresh()

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codes import Code, gf256
-from .errors import Error, InvalidRequest
+from ..codes import Code, gf256
+from ..errors import Error, InvalidRequest
 from .initializers import init_rows
-from .layout import Layout
+from ..layout import Layout
 from .table import TableSpec
 from .window import Window
 

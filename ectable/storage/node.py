@@ -11,14 +11,12 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
-from . import validate
-from .codes import get_code
-from .errors import InvalidRequest
-from .layout import Layout, table_offset
+from ..config import ClusterConfig
+from ..errors import InvalidRequest
+from ..protocol import validate
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
@@ -26,29 +24,6 @@ MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded
 SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """What every node and client agrees on: active node count and code."""
-
-    nodes: int
-    code: str = "xor"
-    k: int = 4
-    r: int = 1
-    window_rows: int = 1 << 20  # a window closes once this many rows are dirty...
-    window_seconds: float = 5.0  # ...or it is this old, so parity never lags without bound
-    rebuild_batch: int = 1 << 15  # rows (and parity rows) a rebuilding node pulls per round
-    rebuild_share: float = 0.5  # of its time a rebuilding node spends pulling: it rests the rest
-
-    def make_code(self):
-        return get_code(self.code, self.k, self.r)
-
-    def layout(self, spec: TableSpec) -> Layout:
-        return Layout(self.nodes, self.k, self.r, spec.num_rows, table_offset(spec.name, self.nodes))
-
-    def get_config(self) -> dict:
-        return dict(self.__dict__)
 
 
 class Node:

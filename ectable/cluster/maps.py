@@ -2,7 +2,7 @@
 
 `ClusterMap` is what a `Client` needs from any cluster. `CoordinatedMap` keeps the map a
 coordinator process owns (node processes); `RemoteCluster` is one reached from its TOML
-file (`ectable.connect`). Clusters started from Python are in `cluster.py`.
+file (`ectable.connect`). Clusters started from Python are in `process/local.py`.
 """
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ from collections import deque
 
 import zmq
 
-from . import config as cluster_config
-from .client import DEADLINE, Client
-from .errors import Error, NodeDown, Unavailable
-from .node import ClusterConfig
-from .transport import ZmqChannel
+from .. import config as cluster_config
+from ..config import DEADLINE, ClusterConfig
+from ..errors import Error, NodeDown, Unavailable
+from ..transport import ZmqChannel
 
 MAP_RECHECK = 0.2  # seconds between map reads while a request waits on a node
 
@@ -33,9 +32,6 @@ class ClusterMap:
 
     def refresh(self) -> None:
         """Re-read the map from where it is kept."""
-
-    def connect(self) -> Client:
-        return Client(self)
 
     def claim_failover(self, source) -> bool:
         """True for the first client to ask about a dead node's identity: it fails that node over."""
@@ -172,10 +168,3 @@ class RemoteCluster(CoordinatedMap, ClusterMap):
     def close(self) -> None:
         if self.context is not None:
             self._detach()
-
-
-def connect(path: str) -> Client:
-    """A client of the cluster described by the TOML file at `path`; `close()` it when done."""
-    client = RemoteCluster.from_file(path).connect()
-    client.owns_cluster = True
-    return client

@@ -6,13 +6,13 @@ import time
 
 import numpy as np
 
-from . import validate
-from .errors import Error, InvalidRequest, NodeDown, StaleCut, Unavailable
+from ..config import DEADLINE
+from ..errors import Error, InvalidRequest, NodeDown, StaleCut, Unavailable
 from .repair import Repair
-from .shard import NotRebuilt
-from .table import TableSpec
+from ..protocol import validate
+from ..storage.shard import NotRebuilt
+from ..storage.table import TableSpec
 
-DEADLINE = 30.0
 CREATE_DEADLINE = 600.0  # a new table's initial parity is computed from every row
 REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
 

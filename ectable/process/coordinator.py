@@ -23,13 +23,12 @@ import traceback
 import numpy as np
 import zmq
 
-from .errors import Error, NodeDown
-from .node import ClusterConfig
-from .table import TableSpec
-from .transport import ZmqChannel, codec
-from .transport.zeromq import bind_to, make_socket, start_authenticator
+from ..errors import Error, NodeDown
+from ..config import ENDPOINT, ClusterConfig
+from ..storage.table import TableSpec
+from ..transport import ZmqChannel, codec
+from ..transport.zeromq import bind_to, make_socket, start_authenticator
 
-ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 HEARTBEAT = 0.5  # seconds between a node's heartbeats
 DEAD_AFTER = 3.0  # a node silent this long is declared dead
 CONTROL_TIMEOUT = 2.0  # a control call to a node (map, tables, ping)
@@ -384,7 +383,7 @@ class CoordinatorServer:
 def run(data: dict, bind: str, token: str | None, parent: int | None = None) -> None:
     """Serve the cluster described by a TOML dict; prints `READY <endpoint>` once listening."""
     if parent:
-        from .server import die_with_parent
+        from .node_server import die_with_parent
         die_with_parent(parent)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     members = Membership(ClusterConfig(**data["cluster"]), data["nodes"]["endpoints"], data["nodes"].get("spares", []))

@@ -18,11 +18,12 @@ import traceback
 
 import zmq
 
-from .coordinator import ENDPOINT, HEARTBEAT
-from .node import ClusterConfig, Node
+from ..config import ENDPOINT, ClusterConfig
+from ..storage.node import Node
+from .coordinator import HEARTBEAT
 from .rebuilder import Rebuilder
-from .transport import codec
-from .transport.zeromq import bind_to, make_socket, start_authenticator
+from ..transport import codec
+from ..transport.zeromq import bind_to, make_socket, start_authenticator
 
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02

@@ -12,11 +12,13 @@ import sys
 import tempfile
 import time
 
-from . import config as cluster_config
-from .errors import Error
-from .maps import ClusterMap, CoordinatedMap
-from .node import ClusterConfig, Node
-from .transport import InProcessChannel, ZmqChannel
+from .. import config as cluster_config
+from ..client import Client
+from ..cluster.maps import ClusterMap, CoordinatedMap
+from ..config import ClusterConfig
+from ..errors import Error
+from ..storage.node import Node
+from ..transport import InProcessChannel, ZmqChannel
 
 DEFAULT_R = {"none": 0, "xor": 1, "rs": 2}
 START_TIMEOUT = 60.0
@@ -56,6 +58,10 @@ class LocalCluster(ClusterMap):
 
     def spares_left(self) -> int:
         return self._spares
+
+    def connect(self) -> Client:
+        """A client of this cluster."""
+        return Client(self)
 
 
 class InProcessCluster(LocalCluster):

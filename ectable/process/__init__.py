@@ -1,0 +1,1 @@
+"""Runtimes that host the logic: node and coordinator processes, the rebuilder, LocalCluster."""

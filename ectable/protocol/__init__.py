@@ -1,0 +1,1 @@
+"""The wire protocol: input validation shared by clients and nodes."""

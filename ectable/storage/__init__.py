@@ -1,0 +1,1 @@
+"""Storage: a node's logic with no I/O: tables, shards, windows, optimizers, initialisers."""
