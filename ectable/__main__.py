@@ -21,21 +21,20 @@ def cmd_node(args) -> None:
         endpoints = data["nodes"]["endpoints"]
         bind = bind or endpoints[args.id]
         map_header = {"op": "map", "position": args.id, "config": data["cluster"], "endpoints": endpoints, "dead": []}
-        if "coordinator" in data:
-            map_header["coordinator"] = data["coordinator"]["endpoint"]
-    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data))
+    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data), data.get("membership"))
 
 
-def cmd_coordinator(args) -> None:
-    from .process.coordinator import run
+def cmd_decider(args) -> None:
+    from .process.decider_process import run
     data = cluster_config.load(args.config)
-    bind = args.bind or data.get("coordinator", {}).get("endpoint") or "tcp://127.0.0.1:0"
-    run(data, bind, _token(data), args.parent)
+    if "membership" not in data:
+        sys.exit("ectable decider needs --config with a [membership] section (etcd endpoints, prefix)")
+    run(data, _token(data), args.parent)
 
 
 def _token(data: dict) -> str | None:
     """The cluster's control token: from the environment, else from the config file."""
-    return os.environ.get("ECTABLE_CONTROL_TOKEN") or data.get("coordinator", {}).get("token")
+    return os.environ.get("ECTABLE_CONTROL_TOKEN") or data.get("control", {}).get("token")
 
 
 def cmd_up(args) -> None:
@@ -130,12 +129,10 @@ def main(argv=None) -> None:
     p.add_argument("--bind", help="endpoint to listen on (default: from the config, else tcp://127.0.0.1:0)")
     p.add_argument("--parent", type=int, help="exit when this process dies")
     p.set_defaults(fn=cmd_node)
-    p = sub.add_parser("coordinator", help="run a cluster's coordinator (map, heartbeats, failover)")
-    p.add_argument("--config", required=True, help="cluster TOML: [cluster], [nodes] endpoints and spares, "
-                                                   "[coordinator] endpoint and token")
-    p.add_argument("--bind", help="endpoint to listen on (default: [coordinator] endpoint)")
+    p = sub.add_parser("decider", help="run a failover decider (run two or more: they elect one through etcd)")
+    p.add_argument("--config", required=True, help="cluster TOML: [membership] etcd endpoints and prefix, [security]")
     p.add_argument("--parent", type=int, help="exit when this process dies")
-    p.set_defaults(fn=cmd_coordinator)
+    p.set_defaults(fn=cmd_decider)
     p = sub.add_parser("up", help="start a local cluster and write its TOML")
     p.add_argument("--nodes", type=int, default=5)
     p.add_argument("--code", default="xor", choices=["none", "xor", "rs"])

@@ -1,7 +1,8 @@
 """Hypothesis profiles, chosen by HYPOTHESIS_PROFILE: `ci` (make test; derandomized, so CI is repeatable),
-`dev` (the default: random, explores new cases) and `thorough`."""
+`dev` (the default: random, explores new cases) and `thorough`; and the etcd servers of the membership tests."""
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", max_examples=150, stateful_step_count=50, deadline=None, derandomize=True,
@@ -11,3 +12,25 @@ settings.register_profile("dev", max_examples=100, stateful_step_count=50, deadl
 settings.register_profile("thorough", max_examples=1000, stateful_step_count=80, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(scope="module")
+def etcd_server():
+    """A one-member etcd shared by a test module (stopped, and its data removed, after the module)."""
+    from ectable.membership import EtcdServer
+    server = EtcdServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_etcd():
+    """An etcd of the test's own, for tests that stop, pause or restart it."""
+    from ectable.membership import EtcdServer
+    server = EtcdServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()

@@ -1,4 +1,4 @@
-"""Real failures of node processes: heartbeats, fencing, injected faults, and the Redis-style kill loop."""
+"""Real failures of node processes: leases, fencing, deciders, injected faults, and the Redis-style kill loop."""
 import os
 import signal
 import time
@@ -63,7 +63,7 @@ def test_a_silent_node_is_declared_dead_replaced_and_fenced_when_it_returns():
         os.kill(pid, signal.SIGSTOP)  # alive but silent: no client touches it, only heartbeats tell
         try:
             deadline = time.monotonic() + 15
-            while cluster.state(1) == "up" and time.monotonic() < deadline:
+            while cluster.state(1) != "rebuilding" and time.monotonic() < deadline:  # dead, then a spare there
                 time.sleep(0.1)
                 cluster.refresh()
             assert cluster.state(1) == "rebuilding" and cluster.node_pids()[1] != pid and cluster.spares_left() == 0
@@ -165,3 +165,80 @@ def test_a_spare_added_after_a_failure_takes_the_dead_position():
         cluster.add_spare()
         recovered_and_exact(cluster, client, ref)
         assert client.status()["degraded"] == []
+
+
+@pytest.mark.parametrize("code", ["xor", "rs"])
+def test_training_goes_on_when_the_acting_decider_is_killed(code):
+    """SIGKILL the decider that acts: reads and writes go on (they never ask it); the other decider
+    takes over, so a node killed afterwards is still failed over onto the spare, with nothing lost."""
+    cluster, reference, (client, ref) = make(code, spares=1)
+    with cluster, reference:
+        rng = np.random.default_rng(8)
+        write((client, ref), rng)
+        acting = cluster.acting_decider()
+        assert acting is not None
+        cluster.kill_decider(acting)
+        write((client, ref), rng)
+        assert same(client, ref)
+        cluster.kill(3)
+        write((client, ref), rng)
+        recovered_and_exact(cluster, client, ref)
+        assert cluster.acting_decider() not in (None, acting)
+
+
+def test_a_node_killed_during_create_table():
+    """The table is created on every node that lives, and on the spare that takes the dead node's place;
+    no misleading timeout, and every row is its initial value afterwards."""
+    import threading
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1) as cluster:
+        client = cluster.connect()
+        killer = threading.Timer(0.3, cluster.kill, args=(2,))
+        killer.start()
+        client.create_table("big", num_rows=600_000, dim=16, optimizer="adagrad", init="uniform", seed=4)
+        killer.join()
+        client.wait_recovered(timeout=120)
+        reference = ectable.LocalCluster(nodes=1, code="none", k=1, r=0, processes=False)
+        ref = reference.connect()
+        ref.create_table("big", num_rows=600_000, dim=16, optimizer="adagrad", init="uniform", seed=4)
+        ids = np.random.default_rng(0).integers(0, 600_000, 5000)
+        np.testing.assert_array_equal(read_records(client, "big", ids), read_records(ref, "big", ids))
+        client.flush()
+        check_parity(cluster, client)
+
+
+@pytest.mark.parametrize("processes", [True, False])
+def test_a_rebuilt_spare_is_a_full_member(processes):
+    """rs(4,2): a node killed and rebuilt, then two more killed with no write in between: the rebuilt
+    spare's parity rows (and its record of which writes they hold) count like any other node's, so
+    nothing is lost and nothing is Unavailable (its marks of the writes its rebuilt rows hold were
+    missing, and reconcile dropped its rows as lagging)."""
+    cluster = ectable.LocalCluster(nodes=6, code="rs", k=4, r=2, spares=1, processes=processes)
+    reference = ectable.LocalCluster(nodes=1, code="none", k=1, r=0, processes=False)
+    clients = cluster.connect(), reference.connect()
+    with cluster, reference:
+        for c in clients:
+            c.create_table("t", num_rows=3000, dim=8, optimizer="adagrad", lr=0.1, init="normal", seed=3)
+        rng = np.random.default_rng(9)
+        write(clients, rng)
+        cluster.kill(1)
+        clients[0].wait_recovered(timeout=60)
+        assert all(cluster.state(p) == "up" for p in range(6))
+        cluster.kill(2)
+        clients[0].step()
+        cluster.kill(3)
+        assert same(*clients)
+
+
+@pytest.mark.parametrize("processes", [True, False])
+def test_wait_recovered_names_the_lost_stripes_when_more_than_r_die(processes):
+    """Two of five xor nodes die with two spares: the stripes that lost both slots cannot come back;
+    wait_recovered says so at once with the stripe numbers, never a generic error after its timeout."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=2, processes=processes) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=3000, dim=4, optimizer="sgd")
+        client.apply_gradient("t", np.arange(3000), np.ones((3000, 4)))
+        client.flush()
+        cluster.kill(0)
+        cluster.kill(1)
+        with pytest.raises(ectable.Unavailable, match=r"stripe"):  # not the Error of a timeout
+            client.wait_recovered(timeout=120)

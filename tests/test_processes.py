@@ -235,39 +235,58 @@ def free_ports(n):
 
 
 def test_nodes_started_from_a_config_file(tmp_path):
-    """Nodes and a coordinator started by hand from one TOML, in any order; a node that dies is failed over."""
+    """Nodes and two deciders started by hand from one TOML naming an etcd, in any order; a node that
+    dies is failed over."""
+    from ectable.membership.server import EtcdServer
     toml = tmp_path / "cluster.toml"
-    *endpoints, coordinator = [f"tcp://127.0.0.1:{p}" for p in free_ports(5)]
+    endpoints = [f"tcp://127.0.0.1:{p}" for p in free_ports(4)]
     config = {"nodes": 4, "code": "rs", "k": 2, "r": 2, "window_rows": 1 << 20, "window_seconds": 5.0}
-    toml.write_text(ectable.config.dumps({"cluster": config, "nodes": {"endpoints": endpoints},
-                                          "coordinator": {"endpoint": coordinator, "token": "t0ken"}}))
     run = [sys.executable, "-m", "ectable"]
-    procs = [subprocess.Popen([*run, "coordinator", "--config", str(toml), "--parent", str(os.getpid())],
-                              stdout=subprocess.PIPE, text=True)]
-    procs += [subprocess.Popen([*run, "node", "--config", str(toml), "--id", str(i), "--parent", str(os.getpid())],
-                               stdout=subprocess.PIPE, text=True) for i in range(4)]
-    try:
-        assert [p.stdout.readline().split()[1] for p in procs] == [coordinator, *endpoints]
-        client = ectable.connect(str(toml))
-        deadline = time.monotonic() + 30
-        while None in client.cluster._view["sources"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-            client.cluster.refresh()
-        client.create_table("t", num_rows=50, dim=3, optimizer="adagrad")
-        client.apply_gradient("t", [1, 2, 2, 49], np.ones((4, 3)))
-        client.flush()
-        check_parity(client.cluster, client)
-        assert client.status()["nodes"][3]["endpoint"] == endpoints[3]
-        before = client.get("t", np.arange(50))
-        procs[2].kill()  # node 1: no spare, so the cluster serves it degraded
-        np.testing.assert_array_equal(client.get("t", np.arange(50)), before)
-        assert client.status()["degraded"] == [1]
-        client.close()
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(10)
-            p.stdout.close()
+    with EtcdServer() as etcd:
+        toml.write_text(ectable.config.dumps({"cluster": config, "nodes": {"endpoints": endpoints},
+                                              "membership": {"endpoints": etcd.endpoints, "prefix": "/by-hand"},
+                                              "control": {"token": "t0ken"}}))
+        procs = [subprocess.Popen([*run, "node", "--config", str(toml), "--id", str(i), "--parent", str(os.getpid())],
+                                  stdout=subprocess.PIPE, text=True) for i in range(4)]
+        procs += [subprocess.Popen([*run, "decider", "--config", str(toml), "--parent", str(os.getpid())],
+                                   stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        try:
+            assert [p.stdout.readline().split()[1] for p in procs[:4]] == endpoints
+            assert all(p.stdout.readline().startswith("READY decider/") for p in procs[4:])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    client = ectable.connect(str(toml))
+                except ectable.Unavailable:  # no map yet: the deciders write the first one
+                    time.sleep(0.05)
+                    continue
+                if None not in client.cluster._map.sources:
+                    break
+                client.close()
+                time.sleep(0.05)
+            client.create_table("t", num_rows=50, dim=3, optimizer="adagrad")
+            client.apply_gradient("t", [1, 2, 2, 49], np.ones((4, 3)))
+            client.flush()
+            check_parity(client.cluster, client)
+            assert client.status()["nodes"][3]["endpoint"] == endpoints[3]
+            before = client.get("t", np.arange(50))
+            procs[1].kill()  # node 1: no spare, so the cluster serves it degraded once its lease ran out
+            np.testing.assert_array_equal(client.get("t", np.arange(50)), before)
+            assert client.status()["degraded"] == [1]
+            # a spare started by hand later, named in no file, is put in the dead position
+            procs.append(subprocess.Popen([*run, "node", "--config", str(toml), "--parent", str(os.getpid())],
+                                          stdout=subprocess.PIPE, text=True))
+            spare = procs[-1].stdout.readline().split()[1]
+            client.wait_recovered(timeout=60)
+            assert client.status()["degraded"] == [] and client.cluster.endpoints[1] == spare
+            np.testing.assert_array_equal(client.get("t", np.arange(50)), before)
+            check_parity(client.cluster, client)
+            client.close()
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait(10)
+                p.stdout.close()
 
 
 @pytest.mark.parametrize("spares", [0, 1])

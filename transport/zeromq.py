@@ -106,7 +106,10 @@ class ZmqChannel(Channel):
         deadline = time.monotonic() + timeout
         while rid not in self._replies:
             left = deadline - time.monotonic()
-            if left <= 0 or (self._alive and not self._alive()):
+            if self._alive and not self._alive():
+                self._reset()
+                raise NodeDown(f"{self.endpoint} died (it is no longer a live member) before it answered")
+            if left <= 0:
                 self._reset()
                 raise NodeDown(f"{self.endpoint} did not answer within {timeout} s")
             sock = self._socket()

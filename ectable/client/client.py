@@ -70,7 +70,12 @@ class Client:
         if name in self._tables and self._tables[name][0] != spec:
             raise InvalidRequest(f"table {name!r} exists with a different definition")
         header = {"op": "create_table", "spec": spec.get_config()}  # nodes compute initial parity: in parallel
-        self._gather({(p,): (header, []) for p in self._positions()}, timeout=CREATE_DEADLINE)
+        pending = self._positions()
+        while pending:  # a node that dies meanwhile is failed over; what stands at its position gets the table
+            failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
+            for q in failed:
+                self._lost(q)
+            pending = [q for q in failed if self._state(q) != "dead"]
         self._remember(spec)
 
     def tables(self) -> dict:
@@ -217,6 +222,11 @@ class Client:
             nonlocal entry
             self._finish_steps()  # may fail p over: before deciding, not between deciding and sending
             state = self._state(p)  # may fail p over, which takes its redo log
+            if state == "dead" and self.cluster.spares_left():
+                # a spare is on its way: write to it, not through the parity, which its rebuild may
+                # have read already (the write would then be missing from its rows)
+                self.cluster.wait_replaced(p)
+                state = self._state(p)
             if entry is not None and entry.replayed:
                 return  # a failover took it: replayed there, unless its parity already held it
             if state == "dead":
@@ -364,28 +374,55 @@ class Client:
         }
 
     def wait_recovered(self, timeout: float = 60.0) -> None:
-        """Block until every stripe is fully protected again (every live node has all its rows)."""
+        """Block until every stripe is fully protected again: no position dead, none rebuilding, and every
+        node holding all its rows, all seen in one pass. Raises `Unavailable` at once, naming the lost
+        stripes, when more than r positions are down (they cannot be rebuilt), and when a position is
+        down with no spare left; `Error` past `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
-            for p in range(self.nodes):
-                while self._state(p) != "dead" and self._rebuild_left(p):
-                    if time.monotonic() > deadline:
-                        raise Error(f"node {p} is still rebuilding after {timeout} s")
-                    if self.cluster.rebuilds_itself:
-                        time.sleep(0.01)  # its rebuilder works
-                    else:
-                        self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
-            dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
-            if not dead:
+            self._check_recoverable()
+            left = {p: self._rebuild_left(p) for p in range(self.nodes) if self._state(p) != "dead"}
+            states = [self._state(p) for p in range(self.nodes)]
+            if len(left) == self.nodes and not any(left.values()) and all(s == "up" for s in states):
                 return
-            if not self.cluster.spares_left() or time.monotonic() > deadline:
+            dead = [p for p, s in enumerate(states) if s == "dead"]
+            if dead and not self.cluster.spares_left():
                 raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")
-            time.sleep(0.02)  # a spare is on its way into the dead position
+            if time.monotonic() > deadline:
+                busy = [p for p, n in left.items() if n or states[p] != "up"]
+                raise Error(f"not recovered after {timeout} s: nodes {dead} down, {busy} rebuilding "
+                            f"({sum(left.values())} rows left)")
+            if not self.cluster.rebuilds_itself:
+                for p, n in left.items():
+                    if n:
+                        self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
+            else:
+                time.sleep(0.01)  # rebuilders work, a spare is on its way, the map catches up
             self.cluster.refresh()
+
+    def _check_recoverable(self) -> None:
+        """Raise `Unavailable` naming every table's stripes that lost more than r slots."""
+        dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
+        if len(dead) <= self.config.r:
+            return
+        lost = {}
+        for name, (_, layout) in self._tables.items():
+            stripes = np.unique(np.concatenate([layout.stripes_of(p, t) for p in dead for t in range(layout.width)]))
+            nodes = layout.slot_node(stripes[:, None], np.arange(layout.width))
+            bad = stripes[np.isin(nodes, dead).sum(axis=1) > layout.r]
+            if bad.size:
+                lost[name] = bad
+        if lost:
+            named = "; ".join(f"table {t!r}: {s.size} stripes ({', '.join(map(str, s[:5].tolist()))}"
+                              f"{', ...' if s.size > 5 else ''})" for t, s in lost.items())
+            raise Unavailable(f"nodes {dead} are down, more than r={self.config.r}: these stripes cannot be "
+                              f"rebuilt and are lost: {named}")
 
     def _rebuild_left(self, p) -> int:
         """Rows node p still has to rebuild (0 if it died meanwhile: it is failed over)."""
         reply = self._try(p, {"op": "status"})
+        if reply is not None and reply[0]["status"].get("rebuild_lost"):  # its rebuilder met rows lost for good
+            raise Unavailable(f"node {p} cannot be rebuilt whole: {reply[0]['status']['rebuild_lost']}")
         left = reply[0]["status"]["rebuild_missing"] if reply is not None else 0
         if not left and self._state(p) == "rebuilding":
             self.cluster.rebuilt(p)
@@ -481,6 +518,7 @@ class Client:
         if not self.cluster.claim_failover(source):
             self._sources[p] = self.cluster.source(p)
             return
+        self.cluster.wait_reconciled(p)
         answers = self._ask_survivors({(q,): ({"op": "applied", "source": source}, []) for q in range(self.nodes)
                                        if q != p and self.cluster.state(q) != "dead"})
         # per survivor: the last write of each client from the dead node that it holds
@@ -509,6 +547,21 @@ class Client:
                 if down.position is None:
                     raise
                 requests = {key: r for key, r in requests.items() if key[0] != down.position}
+
+    def _gather_live(self, requests: dict, timeout: float = DEADLINE) -> list:
+        """Send {(node,): (header, arrays)} to all at once and wait for every reply; the nodes that did not
+        answer (NodeDown), to be failed over. Any other error is raised once every reply is in."""
+        failed = []
+        while requests:
+            try:
+                self._gather(requests, timeout)
+                break
+            except NodeDown as down:
+                if down.position is None:
+                    raise
+                failed.append(down.position)
+                requests = {key: r for key, r in requests.items() if key[0] != down.position}
+        return failed
 
     def _parity_held(self, log, marks) -> dict:
         """{(holder, table): (stripes ascending, whether it has their parity row)} for the stripes the

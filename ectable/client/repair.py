@@ -108,7 +108,7 @@ class Repair:
         read had sent them, and data of nodes that sent deltas a holder applied after the data was read."""
         lagging, ahead = set(), set()
         for q, applied in holders.items():
-            for d, (source, sent) in senders.items():
+            for d, (source, sent, _) in senders.items():
                 have, want = applied.get(source, 0), int(sent.get(str(q), 0))
                 if have < want:
                     lagging.add(q)
@@ -141,7 +141,8 @@ class Repair:
             rows, cols = where[(node, kind, table)]
             cut["blocks"][rows, cols] = arrays[0].view(np.uint8) if kind == "data" else arrays[0]
             if kind == "data":
-                cut["senders"][node] = (reply["source"], reply["sent"])
+                marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
+                cut["senders"][node] = (reply["source"], reply["sent"], marks)
             else:
                 cut["holders"][node] = reply["applied"]
 
@@ -235,9 +236,10 @@ class Repair:
             layout = self.client._table(table)[1]
             slot = layout.slot_on(position, stripes[table])
             rows = np.ascontiguousarray(blocks[np.arange(stripes[table].size), slot])
-            cut = {source: int(sent.get(str(position), 0)) for source, sent in senders.values()}
+            cut = {source: int(sent.get(str(position), 0)) for source, sent, _ in senders.values()}
+            marks = {source: m for source, _, m in senders.values()}  # which writes the rebuilt rows hold
             header = {"op": "restore", "table": table, "kind": "parity", "cut": cut, "generation": generation,
-                      "node": self._node(position)}
+                      "node": self._node(position), "marks": marks}
             wait, deadline = 0.001, time.monotonic() + 5.0
             while True:
                 try:

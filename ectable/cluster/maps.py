@@ -1,7 +1,7 @@
 """Clusters as clients see them: a map of positions (who holds each, in which state), channels to them.
 
-`ClusterMap` is what a `Client` needs from any cluster. `CoordinatedMap` keeps the map a
-coordinator process owns (node processes); `RemoteCluster` is one reached from its TOML
+`ClusterMap` is what a `Client` needs from any cluster. `StoredMap` follows the map kept in
+the cluster's membership store (node processes); `RemoteCluster` is one reached from its TOML
 file (`ectable.connect`). Clusters started from Python are in `process/local.py`.
 """
 from __future__ import annotations
@@ -12,11 +12,15 @@ from collections import deque
 import zmq
 
 from .. import config as cluster_config
-from ..config import DEADLINE, ClusterConfig
-from ..errors import Error, NodeDown, Unavailable
+from ..config import ClusterConfig
+from ..errors import Error, Unavailable
+from ..membership import MembershipUnavailable
 from ..transport import ZmqChannel
+from . import plans
+from .store import ClusterStore, open_store
 
 MAP_RECHECK = 0.2  # seconds between map reads while a request waits on a node
+DEATH_WAIT = 10.0  # how long a client waits for a node it could not reach to be failed over
 
 
 class ClusterMap:
@@ -27,7 +31,7 @@ class ClusterMap:
         self.redo_log = [deque() for _ in range(config.nodes)]  # clients' writes per position, until durable
         self._failed_over: set = set()
 
-    epoch = 0  # maps that change are kept by a coordinator (see CoordinatedMap)
+    epoch = 0  # maps that change are kept in a membership store (see StoredMap)
     rebuilds_itself = False  # True: rebuilding nodes pull their rows; else clients push them in step()
 
     def refresh(self) -> None:
@@ -43,6 +47,12 @@ class ClusterMap:
     def rebuilt(self, p: int) -> None:
         """The node at p reported nothing left to rebuild."""
 
+    def wait_reconciled(self, p: int) -> None:
+        """Return once the parity holders of dead position p's stripes agree (clients replay after)."""
+
+    def wait_replaced(self, p: int) -> None:
+        """Return once a spare stands at dead position p, or none is left."""
+
     def mark_rebuilding(self, p: int) -> None:
         """The node at p was told some of its parity rows are stale and must be rebuilt."""
 
@@ -56,114 +66,161 @@ class ClusterMap:
         """Stop what this object started."""
 
 
-class CoordinatedMap:
-    """A cluster map kept by a coordinator process: cached here, re-read when a node's reply
+class StoredMap:
+    """A cluster map kept in the cluster's membership store: cached here, re-read when a node's reply
     carries a newer epoch, when a request fails, or (while waiting on a node) every MAP_RECHECK seconds."""
 
-    context: zmq.Context | None = None  # until _attach
-
-    def _attach(self, endpoint: str, curve: dict | None) -> None:
-        self.context = zmq.Context()
-        self.curve = curve
-        self.coordinator_endpoint = endpoint
-        self._coordinator = ZmqChannel(endpoint, self.context, curve)
-        self._channels: dict[str, ZmqChannel] = {}
+    def _attach(self, store: ClusterStore) -> None:
+        self.store = store
+        self._channels: dict = {}
         self._rebuilding: set[str] = set()  # identities this client saw lack rows before the map said so
         self._checked = 0.0
         self.refresh()
 
-    rebuilds_itself = True
-
     @property
     def epoch(self) -> int:
-        return self._view["epoch"]
+        return self._map.epoch
 
     def refresh(self) -> None:
-        """Read the map from the coordinator."""
-        self._view = self._ask({"op": "map"})
-        self._checked = time.monotonic()
-
-    def _ask(self, header: dict) -> dict:
+        """Read the map (and how many spares wait) from the store."""
         try:
-            reply = self._coordinator.call(header, [], DEADLINE)[0]
-        except NodeDown:
-            raise Unavailable(f"the coordinator at {self.coordinator_endpoint} does not answer") from None
-        if "map" not in reply:
-            raise Error(f"coordinator: {reply.get('message')}")
-        return reply["map"]
+            m = self.store.read_map()
+            presence = self.store.presence()
+            spares = len(plans.free_spares(m, presence)) + len(plans.arriving(m, presence)) if m is not None else 0
+        except MembershipUnavailable as exc:
+            raise Unavailable(f"the cluster's membership store does not answer: {exc}") from None
+        if m is None:
+            raise Unavailable(f"no cluster map under {self.store.prefix!r} in the membership store")
+        self._map, self._spares, self._checked = m, spares, time.monotonic()
 
-    def _live(self, endpoint: str) -> bool:
-        """While a request waits on `endpoint`: is it still a live member (re-reading the map every MAP_RECHECK s)?"""
+    def _recheck(self) -> None:
         if time.monotonic() - self._checked > MAP_RECHECK:
             try:
                 self.refresh()
             except Error:
                 pass
-        view = self._view
-        return any(e == endpoint and s != "dead" for e, s in zip(view["endpoints"], view["states"]))
 
-    def channel(self, p: int) -> ZmqChannel:
-        endpoint = self._view["endpoints"][p]
+    def _live(self, endpoint: str) -> bool:
+        """While a request waits on `endpoint`: is it still a live member (re-reading the map every MAP_RECHECK s)?"""
+        self._recheck()
+        return self._map.position_of(endpoint) is not None
+
+    def channel(self, p: int):
+        endpoint = self._map.endpoints[p]
         if endpoint not in self._channels:
-            self._channels[endpoint] = ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint))
+            self._channels[endpoint] = self._open_channel(endpoint)
         return self._channels[endpoint]
 
+    def _open_channel(self, endpoint: str):
+        raise NotImplementedError
+
     def source(self, p: int) -> str | None:
-        return None if self.state(p) == "dead" else self._view["sources"][p]
+        return None if self.state(p) == "dead" else self._map.sources[p]
 
     def state(self, p: int) -> str:
-        state, source = self._view["states"][p], self._view["sources"][p]
+        state, source = self._map.states[p], self._map.sources[p]
         if state == "dead":
             return "dead"
         return "rebuilding" if state == "rebuilding" or source in self._rebuilding else "up"
 
     def mark_dead(self, p: int) -> None:
-        """A request to p failed: the coordinator pings it and fails it over if it is silent."""
-        self._view = self._ask({"op": "suspect", "position": p, "source": self._view["sources"][p], **self._evidence(p)})
-        self._checked = time.monotonic()
+        """A request to p failed: wait (bounded) until the decider failed it over, or it answers again."""
+        source = self._map.sources[p]
+        self._evidence(p)
+        deadline = time.monotonic() + DEATH_WAIT
+        while self._map.sources[p] == source and self._map.states[p] != "dead" and time.monotonic() < deadline:
+            time.sleep(MAP_RECHECK / 4)
+            self._recheck()
+            if self._answers(p):
+                return
 
-    def _evidence(self, p: int) -> dict:
-        return {}
+    def _answers(self, p: int) -> bool:
+        """Whether the node at p answers a ping now."""
+        return False
+
+    def _evidence(self, p: int) -> None:
+        """Tell the store what this client knows of p's death (the owner of its process knows it exited)."""
+
+    def wait_reconciled(self, p: int, timeout: float = DEATH_WAIT) -> None:
+        """Wait (bounded) until the decider reconciled the parity of dead position p's stripes."""
+        deadline = time.monotonic() + timeout
+        while any(q == p for q, _ in self._map.failing) and time.monotonic() < deadline:
+            time.sleep(MAP_RECHECK / 4)
+            self._recheck()
+
+    def wait_replaced(self, p: int, timeout: float = DEATH_WAIT) -> None:
+        """Wait (bounded) until a spare stands at dead position p, or none is left."""
+        deadline = time.monotonic() + timeout
+        while self._map.states[p] == "dead" and self._spares and time.monotonic() < deadline:
+            time.sleep(MAP_RECHECK / 4)
+            self._recheck()
 
     def mark_rebuilding(self, p: int) -> None:
-        self._rebuilding.add(self._view["sources"][p])
+        self._rebuilding.add(self._map.sources[p])
 
     def rebuilt(self, p: int) -> None:
         """Its rebuild is done: trust the map again (it says so within a heartbeat)."""
-        self._rebuilding.discard(self._view["sources"][p])
+        self._rebuilding.discard(self._map.sources[p])
 
     def replace(self, p: int) -> bool:
-        return False  # the coordinator puts spares in place
+        return False  # the decider puts spares in place
 
     def spares_left(self) -> int:
-        return self._view["spares"]
+        return self._spares
 
     @property
     def endpoints(self) -> list[str]:
-        return list(self._view["endpoints"])
+        return list(self._map.endpoints)
+
+
+
+class ZmqStoredMap(StoredMap):
+    """A stored map whose nodes are reached over ZeroMQ (node processes, here or elsewhere)."""
+
+    context: zmq.Context | None = None  # until _attach
+    rebuilds_itself = True  # a rebuilding node process pulls its rows itself
+
+    def _attach(self, store: ClusterStore, curve: dict | None = None) -> None:
+        self.context = zmq.Context()
+        self.curve = curve
+        super()._attach(store)
+
+    def _open_channel(self, endpoint: str) -> ZmqChannel:
+        return ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint))
+
+    def _answers(self, p: int) -> bool:
+        try:
+            channel = ZmqChannel(self._map.endpoints[p], self.context, self.curve, connect_timeout=0.2)
+            try:
+                return channel.call({"op": "ping"}, [], 0.5)[0].get("position") == p
+            finally:
+                channel.close()
+        except Error:
+            return False
 
     def _detach(self) -> None:
-        for channel in [*self._channels.values(), self._coordinator]:
+        for channel in self._channels.values():
             channel.close()
         self._channels.clear()
+        self.store.membership.close()
         self.context.term()
         self.context = None
 
 
-class RemoteCluster(CoordinatedMap, ClusterMap):
-    """A cluster started elsewhere, reached through its coordinator (`ectable.connect`)."""
+class RemoteCluster(ZmqStoredMap, ClusterMap):
+    """A cluster started elsewhere, reached through its membership store (`ectable.connect`)."""
 
-    def __init__(self, coordinator: str, curve: dict | None = None):
-        self._attach(coordinator, curve)
-        ClusterMap.__init__(self, ClusterConfig(**self._view["config"]))
+    def __init__(self, membership: dict, curve: dict | None = None):
+        self._attach(open_store(membership), curve)
+        ClusterMap.__init__(self, ClusterConfig(**self._map.config))
 
     @classmethod
     def from_file(cls, path: str) -> "RemoteCluster":
-        """The cluster a TOML file names ([coordinator] endpoint, [security] keys)."""
+        """The cluster a TOML file names ([membership] endpoints and prefix, [security] keys)."""
         data = cluster_config.load(path)
-        if "coordinator" not in data:
-            raise Error(f"{path} names no [coordinator] endpoint")
-        return cls(data["coordinator"]["endpoint"], data.get("security"))
+        if "membership" not in data:
+            raise Error(f"{path} names no [membership] store")
+        return cls(data["membership"], data.get("security"))
 
     def close(self) -> None:
         if self.context is not None:

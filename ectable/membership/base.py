@@ -25,8 +25,17 @@ conformance suite, run against each backend):
   `start_revision` on (None: changes after the call). Callbacks run on a thread of the
   backend's (etcd) or synchronously after the change (in memory): they must be short and
   must not call the store; they hand the events to their owner. `Watch.cancel()` stops it.
+  A `start_revision` older than the history the backend keeps raises `Compacted`; a watch
+  the backend has to end itself (its history was compacted while it reconnected) sets
+  `Watch.error` and calls back no more.
 - Every call that talks to a server raises `MembershipUnavailable` once its `timeout`
-  (seconds) passes with no answer; no call waits forever.
+  (seconds) passes with no answer; no call waits forever. A `txn` that raised it may or
+  may not have been applied (read, or compare, before retrying).
+- A `Compare` on "value" never holds for an absent key. Within one branch of a `txn` a
+  key may be put at most once and not also be deleted (`InvalidRequest`, nothing applied);
+  keys may not be empty (a prefix may: it means every key). A `Put` naming a lease that is
+  gone raises `LeaseNotFound` when its branch is chosen (nothing applied). A put without a
+  lease takes the key off the lease it had.
 """
 from __future__ import annotations
 
@@ -34,11 +43,23 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, Union
 
-from ..errors import Error
+from ..errors import Error, InvalidRequest
 
 
 class MembershipUnavailable(Error):
     """The membership store did not answer in time (no etcd majority, or it is unreachable)."""
+
+
+class Compacted(MembershipUnavailable):
+    """A watch asked for revisions the store no longer keeps; `revision`: the oldest it can replay."""
+
+    def __init__(self, message: str, revision: int = 0):
+        super().__init__(message)
+        self.revision = revision
+
+
+class LeaseNotFound(Error):
+    """A put named a lease that expired, was revoked or was never granted; nothing was applied."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,8 @@ class Event:
 
 
 class Watch(ABC):
+    error: Exception | None = None  # why the backend ended the watch itself (None: it runs, or was cancelled)
+
     @abstractmethod
     def cancel(self) -> None:
         """Stop calling back; returns once no callback of this watch is running or will run."""
@@ -143,3 +166,31 @@ class Membership(ABC):
 
     def close(self) -> None:
         """Release connections and threads (the store itself lives on)."""
+
+
+TARGETS = {"mod": int, "create": int, "version": int, "value": bytes}
+
+
+def check_txn(compare: Sequence[Compare], *branches: Sequence[Op]) -> None:
+    """Raise `InvalidRequest` unless every comparison and branch is well formed (see the contract)."""
+    for c in compare:
+        kind = TARGETS.get(c.target)
+        if kind is None or not isinstance(c.value, kind) or (kind is int and isinstance(c.value, bool)) or not c.key:
+            raise InvalidRequest(f"bad comparison {c!r}")
+    for ops in branches:
+        puts: set[str] = set()
+        deletes: list[Delete] = []
+        for op in ops:
+            if isinstance(op, Put):
+                if not op.key or not isinstance(op.value, bytes) or op.key in puts:
+                    raise InvalidRequest(f"bad or repeated put of {op.key!r}")
+                puts.add(op.key)
+            elif isinstance(op, Delete):
+                if not op.key and not op.prefix:
+                    raise InvalidRequest("empty key")
+                deletes.append(op)
+            else:
+                raise InvalidRequest(f"not an operation: {op!r}")
+        for d in deletes:
+            if any(k.startswith(d.key) if d.prefix else k == d.key for k in puts):
+                raise InvalidRequest(f"a key is both put and deleted under {d.key!r}")

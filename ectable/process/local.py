@@ -1,11 +1,12 @@
-"""Clusters started from Python: `LocalCluster`, with node processes on loopback and their
-coordinator (`processes=True`) or nodes inside this process (`processes=False`), same
+"""Clusters started from Python: `LocalCluster`, with node processes on loopback, their failover
+deciders and a one-member etcd (`processes=True`) or nodes inside this process (`processes=False`), same
 semantics; process management and fault injection. Clients' view of a map: `maps.py`.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -14,10 +15,16 @@ import time
 
 from .. import config as cluster_config
 from ..client import Client
-from ..cluster.maps import ClusterMap, CoordinatedMap
+from ..cluster.decider import Decider
+from ..cluster.map import Map
+from ..cluster.maps import ClusterMap, StoredMap, ZmqStoredMap
+from ..cluster.store import ClusterStore, open_store
 from ..config import ClusterConfig
-from ..errors import Error
+from ..errors import Error, NodeDown
+from ..membership.memory import MemoryMembership
+from ..membership.server import EtcdServer
 from ..storage.node import Node
+from .host import NodeHost
 from ..transport import InProcessChannel, ZmqChannel
 
 DEFAULT_R = {"none": 0, "xor": 1, "rs": 2}
@@ -56,75 +63,95 @@ class LocalCluster(ClusterMap):
         self.processes = processes
         self._spares = spares
 
-    def spares_left(self) -> int:
-        return self._spares
-
     def connect(self) -> Client:
         """A client of this cluster."""
         return Client(self)
 
 
-class InProcessCluster(LocalCluster):
-    """Nodes inside this process (`LocalCluster(..., processes=False)`)."""
+class InProcessCluster(StoredMap, LocalCluster):
+    """Nodes inside this process (`LocalCluster(..., processes=False)`): the same map, membership
+    interface (in memory) and failover decider as node processes, run synchronously; deltas are
+    delivered at once after every request."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        n = self.config.nodes
-        self._nodes: list[Node | None] = [Node(p, self.config) for p in range(n)]
-        self._channels = [InProcessChannel(lambda p=p: self._nodes[p], self._deliver) for p in range(n)]
+        LocalCluster.__init__(self, *args, **kwargs)
+        store = ClusterStore(MemoryMembership(), "/ectable/local")
+        token = secrets.token_hex(8)
+        endpoints = [f"inproc://ectable-node-{i}" for i in range(self.config.nodes + self._spares)]
+        self._hosts = {e: InProcessHost(e, token, store) for e in endpoints}
+        store.swap_map(None, Map.initial(self.config.get_config(), endpoints[: self.config.nodes]))
+        self.decider = Decider(store, _HostControl(self._hosts), "decider/local", token)
+        self._attach(store)  # reads the map once the decider gave every node its position
 
-    def close(self) -> None:
-        self._nodes = [None] * len(self._nodes)
+    def decide(self) -> None:
+        """Let the decider act until it has nothing more to change (nodes first report what changed),
+        then read the map."""
+        for host in self._hosts.values():
+            if host.alive:
+                host.announce()
+        while self.decider.step():
+            pass
+        StoredMap.refresh(self)
+
+    def refresh(self) -> None:
+        """The map once the decider caught up (as it does on its own, in a process of its own)."""
+        self.decide()
+
+    def _open_channel(self, endpoint: str) -> InProcessChannel:
+        host = self._hosts[endpoint]
+        return InProcessChannel(lambda: host if host.alive and host.node is not None else None, self._deliver)
+
+    def _host(self, p: int) -> "InProcessHost":
+        return self._hosts[self._map.endpoints[p]]
+
+    def mark_dead(self, p: int) -> None:
+        """A request to p failed: if its node is gone, the decider fails it over now."""
+        if not self._host(p).alive:
+            self.decide()
+
+    def state(self, p: int) -> str:
+        if self._map.states[p] != "dead" and not self._host(p).alive:  # as a parent knows its child exited
+            self.mark_dead(p)
+        return super().state(p)
+
+    def wait_reconciled(self, p: int) -> None:
+        self.decide()
+
+    def wait_replaced(self, p: int) -> None:
+        self.decide()
 
     def kill(self, i: int) -> None:
-        """Kill active node i: drop its memory."""
-        self._nodes[i] = None
+        """Kill active node i: drop its memory (its presence goes with it)."""
+        self._host(i).kill()
+
+    def add_spare(self) -> None:
+        """One more spare node; the decider puts it in a dead position at once if there is one."""
+        endpoint = f"inproc://ectable-node-{len(self._hosts)}"
+        self._hosts[endpoint] = InProcessHost(endpoint, self.decider.token, self.store)
+        self.decide()
 
     def node_pids(self) -> list[int]:
-        return [os.getpid()] * len(self._nodes)
-
-    @property
-    def endpoints(self) -> list[str]:
-        return [f"inproc://ectable-node-{p}" for p in range(len(self._nodes))]
+        return [os.getpid()] * self.config.nodes
 
     def node(self, i: int) -> Node | None:
         """The in-process node at position i (for tests and inspection)."""
-        return self._nodes[i]
+        host = self._host(i)
+        return host.node if host.alive else None
 
-    def channel(self, p: int) -> InProcessChannel:
-        return self._channels[p]
+    def close(self) -> None:
+        for host in self._hosts.values():
+            host.kill()
 
-    def source(self, p: int) -> str | None:
-        """The identity of the node now at position p (None: dead)."""
-        node = self._nodes[p]
-        return None if node is None else node.source
-
-    def state(self, p: int) -> str:
-        node = self._nodes[p]
-        return "dead" if node is None else "rebuilding" if node.rebuilding else "up"
-
-    def mark_dead(self, p: int) -> None:
-        self._nodes[p] = None
-
-    def replace(self, p: int) -> bool:
-        """Put a spare in dead position p, empty and rebuilding; False when none is left."""
-        if self._spares == 0 or self._nodes[p] is not None:
-            return False
-        self._spares -= 1
-        self._nodes[p] = Node(p, self.config, rebuilding=True)
-        for node in self._nodes:
-            if node is not None and node.position != p:
-                node.peer_replaced(p)
-        return True
-
-    def _deliver(self, _node=None) -> None:
+    def _deliver(self, _host=None) -> None:
         """Carry every node's outgoing deltas to their targets (synchronously, in process)."""
+        hosts = [h for h in self._hosts.values() if h.alive and h.node is not None]
         while True:
             moved = False
-            for node in self._nodes:
+            for host in hosts:
+                node = host.node
                 for target, header, arrays in node.take_outbox() if node is not None else ():
                     moved = True
-                    peer = self._nodes[target]
+                    peer = self._host(target).node if self._host(target).alive else None
                     if peer is None:
                         node.acked(target, header["seq"])  # moot: a replacement rebuilds from data
                         continue
@@ -133,29 +160,78 @@ class InProcessCluster(LocalCluster):
                         raise Error(f"node {target} refused a delta: {reply}")
                     node.acked(target, reply["ack"])
             if not moved:
-                for node in self._nodes:
-                    if node is not None:
-                        node.apply_queued()
+                for host in hosts:
+                    if host.node is not None:
+                        host.node.apply_queued()
                 return
 
 
-class ProcessCluster(CoordinatedMap, LocalCluster):
-    """Node processes and a coordinator on 127.0.0.1 (`LocalCluster(..., processes=True)`), stopped on exit."""
+class InProcessHost(NodeHost):
+    """A node inside this process; its presence is kept in the cluster's in-memory store."""
 
-    def __init__(self, *args, curve: dict | None = None, **kwargs):
+    endpoint_pattern = re.compile(r"^inproc://ectable-node-\d+$")
+
+    def __init__(self, endpoint: str, token: str, store: ClusterStore):
+        super().__init__(endpoint, token)
+        self.store, self.alive = store, True
+        self.lease = store.membership.grant(3600.0)  # it ends when the node is killed
+        self.announced: dict | None = None
+
+    def announce(self) -> None:
+        info = self.beat()
+        if self.alive and info != self.announced:
+            self.store.announce(self.endpoint, info, self.lease)
+            self.announced = info
+
+    def kill(self) -> None:
+        self.alive, self.node = False, None
+        self.store.membership.revoke(self.lease)
+
+
+class _HostControl:
+    """The decider's control calls to in-process hosts, answered at once."""
+
+    def __init__(self, hosts: dict):
+        self.hosts = hosts
+
+    def call_all(self, requests: dict, timeout: float) -> dict:
+        out = {}
+        for endpoint, (header, arrays) in requests.items():
+            host = self.hosts.get(endpoint)
+            if host is None or not host.alive:
+                out[endpoint] = NodeDown(f"{endpoint} is down")
+                continue
+            reply = host.handle(header, list(arrays))
+            out[endpoint] = Error(f"node {endpoint}: {reply[0].get('message')}") if reply[0].get("error") else reply
+        return out
+
+
+class ProcessCluster(ZmqStoredMap, LocalCluster):
+    """Node processes and failover deciders on 127.0.0.1, with a one-member etcd for their membership
+    unless `etcd` names one (`LocalCluster(..., processes=True)`); everything stopped on exit."""
+
+    def __init__(self, *args, curve: dict | None = None, etcd: list[str] | None = None, deciders: int = 2, **kwargs):
         LocalCluster.__init__(self, *args, **kwargs)
-        self._token = secrets.token_hex(16)  # only this cluster's coordinator may re-map or stop its nodes
-        self._procs: dict[str, subprocess.Popen] = {}  # endpoint -> the process serving it
+        self._token = secrets.token_hex(16)  # only this cluster's deciders may re-map, fault or stop its nodes
+        self._procs: dict[str, subprocess.Popen] = {}  # endpoint (or decider name) -> the process serving it
+        self._deciders: list[str] = []
+        self._etcd = None
         self.curve = curve  # _attach sets it again, with the context, for the map's own connections
         try:
-            nodes = self._spawn_nodes(self.config.nodes + self._spares)
-            data = {"cluster": self.config.get_config(),
-                    "nodes": {"endpoints": nodes[: self.config.nodes], "spares": nodes[self.config.nodes:]}}
-            with _secret_toml({**data, "security": curve} if curve else data) as path:
-                (endpoint,) = self._spawn(["coordinator", "--config", path, "--bind", "tcp://127.0.0.1:0"], 1)
-            self._attach(endpoint, curve)
+            if etcd is None:
+                self._etcd = EtcdServer()
+                self._etcd.start()
+                etcd = self._etcd.endpoints
+            self.membership = {"endpoints": list(etcd), "prefix": f"/ectable/{secrets.token_hex(6)}"}
+            store = open_store(self.membership)
+            nodes = self._spawn_nodes(self.config.nodes + self._spares)  # all announce themselves as spares
+            if store.swap_map(None, Map.initial(self.config.get_config(), nodes[: self.config.nodes])) is None:
+                raise Error(f"a cluster map exists under {self.membership['prefix']} already")
+            self._attach(store, curve)
+            with self._settings() as path:
+                self._deciders = self._spawn(["decider", "--config", path], deciders)
             deadline = time.monotonic() + START_TIMEOUT
-            while None in self._view["sources"]:
+            while None in self._map.sources:
                 if time.monotonic() > deadline:
                     raise Error("nodes did not take their positions in time")
                 time.sleep(0.02)
@@ -164,15 +240,20 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
             self.close()
             raise
 
+    def _settings(self):
+        """A temporary TOML with what every process of this cluster reads: the store, the keys."""
+        data = {"membership": self.membership}
+        return _secret_toml({**data, "security": self.curve} if self.curve else data)
+
     def _spawn_nodes(self, count: int) -> list[str]:
-        with _secret_toml({"security": self.curve} if self.curve else {}) as path:
+        with self._settings() as path:
             return self._spawn(["node", "--bind", "tcp://127.0.0.1:0", "--config", path], count)
 
     def inject(self, i: int, fault: str, value: float = 1.0) -> None:
         """Arm a fault in active node i: die_before_deltas, die_after_write (SIGKILL at that point),
         duplicate_deltas, reorder_deltas, delay_deltas (value: seconds), hold_deltas_to (value: a
         position whose deltas are never sent)."""
-        self._control(self._view["endpoints"][i], {"op": "fault", "token": self._token, "name": fault, "value": value})
+        self._control(self._map.endpoints[i], {"op": "fault", "token": self._token, "name": fault, "value": value})
 
     def _control(self, endpoint: str, header: dict) -> None:
         channel = ZmqChannel(endpoint, self.context, self.curve)
@@ -184,20 +265,18 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
             raise Error(f"node {endpoint}: {reply.get('message')}")
 
     def add_spare(self) -> None:
-        """Start one more spare node process and register it with the coordinator."""
+        """Start one more spare node process; returns once the cluster counts it (or used it at once)."""
         (endpoint,) = self._spawn_nodes(1)
-        # a node with no position only learns where the coordinator is; the coordinator maps it later
-        self._control(endpoint, {"op": "map", "token": self._token, "endpoints": [],
-                                 "coordinator": self.coordinator_endpoint})
-        spares, deadline = self._view["spares"], time.monotonic() + START_TIMEOUT
-        while self._view["spares"] <= spares and endpoint not in self._view["endpoints"]:  # it registered, or
-            # the coordinator put it straight into a dead position
+        deadline = time.monotonic() + START_TIMEOUT
+        while endpoint not in self.store.presence() and endpoint not in self._map.endpoints:
             if time.monotonic() > deadline:
-                raise Error(f"spare {endpoint} did not register with the coordinator")
+                raise Error(f"spare {endpoint} did not announce itself")
             time.sleep(0.02)
             self.refresh()
+        self.refresh()
 
     def _spawn(self, command: list[str], count: int) -> list[str]:
+        """Start `count` processes of `ectable COMMAND`; what each printed after READY (endpoint or name)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", ECTABLE_CONTROL_TOKEN=self._token)
         args = [sys.executable, "-m", "ectable", *command, "--parent", str(os.getpid())]
         started = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env, text=True) for _ in range(count)]
@@ -218,21 +297,22 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
         return self._procs[endpoint].poll() is not None
 
     def _live(self, endpoint: str) -> bool:
-        """Not exited, and not declared dead by the coordinator."""
+        """Not exited, and not declared dead in the map."""
         return not self._exited(endpoint) and super()._live(endpoint)
 
     def state(self, p: int) -> str:
-        if self._view["states"][p] != "dead" and self._exited(self._view["endpoints"][p]):
+        if self._map.states[p] != "dead" and self._exited(self._map.endpoints[p]):
             self.mark_dead(p)
         return super().state(p)
 
-    def _evidence(self, p: int) -> dict:
-        """The process at p is gone (this cluster is its parent): the coordinator need not ping it."""
-        return {"token": self._token, "exited": True} if self._exited(self._view["endpoints"][p]) else {}
+    def _evidence(self, p: int) -> None:
+        """The process at p is gone (this cluster is its parent): its presence goes now, not at its lease's end."""
+        if self._exited(self._map.endpoints[p]):
+            self.store.withdraw(self._map.endpoints[p])
 
     def describe(self) -> dict:
         """The cluster's TOML contents for `ectable.connect` (no control token)."""
-        data = {"cluster": self.config.get_config(), "coordinator": {"endpoint": self.coordinator_endpoint},
+        data = {"cluster": self.config.get_config(), "membership": self.membership,
                 "nodes": {"endpoints": self.endpoints}}
         if self.curve:
             data["security"] = self.curve
@@ -241,22 +321,40 @@ class ProcessCluster(CoordinatedMap, LocalCluster):
     # -- processes ---------------------------------------------------------
     def kill(self, i: int) -> None:
         """SIGKILL the process of active node i (the cluster notices on its next use)."""
-        proc = self._procs[self._view["endpoints"][i]]
+        proc = self._procs[self._map.endpoints[i]]
         proc.kill()
         proc.wait(10)
 
+    def kill_decider(self, i: int) -> None:
+        """SIGKILL failover decider process i."""
+        proc = self._procs[self._deciders[i]]
+        proc.kill()
+        proc.wait(10)
+
+    def acting_decider(self) -> int | None:
+        """Which of this cluster's deciders holds the election now (None: none yet)."""
+        kv = self.store.membership.get(self.store.decider_key)
+        name = kv.value.decode() if kv is not None else None
+        return self._deciders.index(name) if name in self._deciders else None
+
     def node_pids(self) -> list[int]:
-        return [self._procs[e].pid for e in self._view["endpoints"]]
+        return [self._procs[e].pid for e in self._map.endpoints]
+
+    def decider_pids(self) -> list[int]:
+        return [self._procs[name].pid for name in self._deciders]
 
     def close(self) -> None:
         if self.context is not None:
             self._detach()
-        for node in self._procs.values():
-            _stop(node)
+        for proc in self._procs.values():
+            _stop(proc)
         self._procs = {}
+        if self._etcd is not None:
+            self._etcd.stop()
+            self._etcd = None
 
     def __del__(self):
-        if getattr(self, "_procs", None):
+        if getattr(self, "_procs", None) or getattr(self, "_etcd", None):
             self.close()
 
 

@@ -18,132 +18,70 @@ import traceback
 
 import zmq
 
-from ..config import ENDPOINT, ClusterConfig
-from ..storage.node import Node
-from .coordinator import HEARTBEAT
+from ..cluster.store import open_store
+from ..membership import LeaseNotFound, MembershipUnavailable
+from .host import NodeHost
 from .rebuilder import Rebuilder
 from ..transport import codec
 from ..transport.zeromq import bind_to, make_socket, start_authenticator
 
+HEARTBEAT = 0.5  # seconds between keep-alives of a node's presence (and reads of the map)
+NODE_TTL = 3.0  # a node whose presence was not kept alive this long is failed over
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02
 FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas", "hold_deltas_to"}
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
 
 
-class NodeServer:
-    """The process side of a node: sockets, delta delivery, and the control ops `map` and `sync`."""
+class NodeServer(NodeHost):
+    """A node process: the node behind a ROUTER socket, delta delivery to peers with resends until
+    acknowledged, its presence in the store, its rebuilder, and injected faults."""
 
-    def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None, token: str | None = None):
+    def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None, token: str | None = None,
+                 membership: dict | None = None):
         self.context = zmq.Context()
-        self.curve, self.parent, self.token = curve, parent, token
+        self.curve, self.parent = curve, parent
         self.auth = start_authenticator(self.context, curve)
         self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
-        self.endpoint = bind_to(self.router, bind)
-        self.node: Node | None = None
-        self.epoch = 0  # of the last map taken
-        self.heart: _Heart | None = None  # beats to the coordinator, once a map names it
+        super().__init__(bind_to(self.router, bind), token)
+        self.lazy_close = True
+        self.membership = membership  # the [membership] section: where the cluster's store is
+        self.presence: _Presence | None = None  # this node's presence in the store, once serving
         self.rebuilder: Rebuilder | None = None
         self.next_rebuilder = 0.0
-        self.endpoints: list[str] = []
-        self.sources: dict[int, str] = {}  # identity last seen at each position
-        self.dead: set[int] = set()
         self.peers: dict[int, zmq.Socket] = {}
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
         self.malformed = 0
         self.faults: dict[str, float] = {}  # armed by the owning cluster's `fault` op, for tests
         self.fault_hits = 0
         self.last_request = 0.0
-        self.running = True
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
 
     # -- control ---------------------------------------------------------
     def control(self, header: dict, arrays: list) -> tuple[dict, list] | None:
-        op = header.get("op")
-        if op in ("map", "shutdown", "fault") and (self.token is None or header.get("token") != self.token):
-            return {"error": "invalid", "message": f"{op} is only taken from the cluster that started this node"}, []
-        if op == "fault":  # fault injection for tests: arm one of FAULTS
+        if header.get("op") == "fault":  # fault injection for tests: arm one of FAULTS
+            if self.token is None or header.get("token") != self.token:
+                return {"error": "invalid", "message": "fault is only taken from the cluster that started this node"}, []
             if header.get("name") not in FAULTS:
                 return {"error": "invalid", "message": f"faults are {sorted(FAULTS)}"}, []
             self.faults[header["name"]] = float(header.get("value", 1.0))
             return {}, []
-        if op == "map":
-            return self.apply_map(header), []
-        if op == "ping":
-            return {"position": None if self.node is None else self.node.position}, []
-        if op == "shutdown":
-            self.running = False
-            return {}, []
-        if self.node is None:
-            return {"error": "not_member", "message": "this node holds no position (a spare)"}, []
-        return None
+        return super().control(header, arrays)
 
-    def apply_map(self, header: dict) -> dict:
-        """Take a position (once), learn the coordinator, peers' endpoints and which positions are dead."""
-        endpoints, dead = header.get("endpoints"), header.get("dead", [])
-        coordinator = header.get("coordinator")
-        if not (isinstance(endpoints, list) and all(isinstance(e, str) and ENDPOINT.match(e) for e in endpoints)
-                and isinstance(dead, list) and all(isinstance(d, int) and 0 <= d < len(endpoints) for d in dead)
-                and (self.node is None or len(endpoints) == self.node.config.nodes)):
-            return {"error": "invalid", "message": "map needs tcp://host:port endpoints, one per node, and dead positions"}
-        if coordinator is not None and not (isinstance(coordinator, str) and ENDPOINT.match(coordinator)):
-            return {"error": "invalid", "message": "map names a bad coordinator endpoint"}
-        if isinstance(header.get("epoch"), int):
-            if header["epoch"] < self.epoch:  # an older map overtaken by a newer one: keep the newer
-                return {"source": self.node and self.node.source}
-            self.epoch = header["epoch"]
-        if coordinator is not None and self.heart is None:
-            self.heart = _Heart(self, coordinator)
-            self.heart.start()
-        if self.node is None and header.get("position") is not None:
-            try:
-                config = ClusterConfig(**header["config"])
-                position = int(header["position"])
-                if not 0 <= position < config.nodes or len(endpoints) != config.nodes:
-                    raise ValueError("position or endpoints do not fit the cluster")
-            except (TypeError, ValueError, KeyError) as exc:
-                return {"error": "invalid", "message": f"bad map: {exc}"}
-            self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")), lazy_close=True)
-        if self.node is None:
-            return {"source": None}
-        sources = header.get("sources")
-        if not (isinstance(sources, list) and len(sources) == len(endpoints)):
-            sources = [None] * len(endpoints)
-        for target, endpoint in enumerate(endpoints):
-            moved = target < len(self.endpoints) and (self.endpoints[target] != endpoint or (
-                sources[target] is not None and self.sources.get(target) not in (None, sources[target])))
-            if moved and target != self.node.position:  # a new node there (maybe at the same endpoint)
-                self._drop_peer(target)
-                self.node.peer_replaced(target)
-            if sources[target] is not None:
-                self.sources[target] = sources[target]
-        self.endpoints = endpoints
-        self.dead = set(dead)
-        self.node.fenced |= {f for f in header.get("fenced", []) if isinstance(f, str)}
-        for target in self.dead:
-            self._drop_peer(target)
-        for target in range(len(endpoints)):  # connect now, so the first window's deltas need not wait
-            if target != self.node.position and target not in self.dead:
-                self._peer(target)
-        return {"source": self.node.source}
-
-    def beat(self) -> dict:
-        """This node's heartbeat: who it is, and whether (and since which invalidation) it rebuilds."""
-        node = self.node
-        return {"op": "heartbeat", "token": self.token, "epoch": self.epoch, "endpoint": self.endpoint,
-                "source": node and node.source, "position": node and node.position,
-                "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0}
+    def announce(self) -> None:
+        if self.presence is not None:
+            self.presence.announce()
 
     def rebuild(self) -> None:
         """While this node is rebuilding, a rebuilder thread pulls what it lacks (restarted if it stops)."""
         node = self.node
-        if node is None or not node.rebuilding or self.heart is None:
+        if node is None or not node.rebuilding or self.membership is None:
             return
         if (self.rebuilder is not None and self.rebuilder.is_alive()) or time.monotonic() < self.next_rebuilder:
             return
         self.next_rebuilder = time.monotonic() + 1.0
-        self.rebuilder = Rebuilder(self.heart.endpoint, self.curve, node.position, node.source)
+        self.rebuilder = Rebuilder(self.membership, self.curve, node.position, node.source)
         self.rebuilder.start()
 
     def leave(self) -> None:
@@ -154,11 +92,9 @@ class NodeServer:
             self.poller.unregister(sock)
             sock.close(0)
         self.peers, self.inflight = {}, {}
-        self.node = None
-        self.endpoints, self.dead, self.sources = [], set(), {}
+        super().leave()
 
     def _drop_peer(self, target: int) -> None:
-        """Deltas to `target` are moot (it died, or a replacement rebuilds its parity from data)."""
         for key in [key for key in self.inflight if key[0] == target]:
             del self.inflight[key]
             self.node.acked(*key)
@@ -166,6 +102,9 @@ class NodeServer:
         if sock is not None:
             self.poller.unregister(sock)
             sock.close(0)
+
+    def _connect(self, target: int) -> None:
+        self._peer(target)
 
     # -- the loop --------------------------------------------------------
     def serve(self) -> None:
@@ -185,9 +124,8 @@ class NodeServer:
                     self.read_acks(target, sock)
             self.send_outbox()
             self.resend()
-            fenced = self.heart.fenced if self.heart is not None else None
-            if fenced is not None and self.node is not None and self.node.source == fenced:
-                self.leave()
+            if self.presence is not None:
+                self.follow_map(self.presence.map)  # the newest map its thread read
             self.rebuild()
             if busy and self.node is not None and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
@@ -209,7 +147,7 @@ class NodeServer:
             return
         rid = header.get("id")
         try:
-            reply = self._dispatch(header, arrays)
+            reply = self.handle(header, arrays)
         except Exception as exc:  # a node never dies of a request
             self.malformed += 1
             reply = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, []
@@ -220,16 +158,11 @@ class NodeServer:
             out_header["status"]["malformed"] = self.malformed
             out_header["status"]["endpoint"] = self.endpoint
             out_header["status"]["fault_hits"] = self.fault_hits
+            out_header["status"]["rebuild_lost"] = self.rebuilder.lost if self.rebuilder is not None else None
         try:
             self._reply(identity, {**out_header, "id": rid, "epoch": self.epoch}, out_arrays)
         except (TypeError, ValueError):
             self._reply(identity, {"error": "internal", "message": "reply not encodable"}, [])
-
-    def _dispatch(self, header, arrays):
-        reply = self.control(header, arrays)
-        if reply is None:
-            reply = self.node.handle(header, arrays)
-        return reply
 
     def _reply(self, identity, header, arrays) -> None:
         try:
@@ -312,47 +245,59 @@ class NodeServer:
             self.rebuilder.join(5)
         for sock in self.peers.values():
             sock.close(0)
-        if self.heart is not None:
-            self.heart.stop.set()
-            self.heart.join(2)
+        if self.presence is not None:
+            self.presence.stop.set()
+            self.presence.join(2)
         self.router.close(0)
         if self.auth is not None:
             self.auth.stop()
         self.context.term()
 
 
-class _Heart(threading.Thread):
-    """Heartbeats to the coordinator every HEARTBEAT seconds, from a thread of their own so that
-    a long request (a big table's initial parity) does not make a node look dead. A reply saying
-    this node's identity is fenced is passed to the main loop, which then leaves. A main loop
-    that hangs is still found out: clients' requests time out and the coordinator's ping fails."""
+class _Presence(threading.Thread):
+    """Keeps this node's presence in the cluster store alive under a lease (every HEARTBEAT s, from a
+    thread of its own, so a long request does not make the node look dead), announces who it is
+    whenever that changes, and reads the map, which the main loop then follows. A main loop that
+    hangs is still found out: clients' requests time out."""
 
-    def __init__(self, server: NodeServer, endpoint: str):
-        super().__init__(name="heartbeat", daemon=True)
-        self.server, self.endpoint = server, endpoint
+    def __init__(self, server: "NodeServer"):
+        super().__init__(name="presence", daemon=True)
+        self.server = server
+        self.store = open_store(server.membership)
         self.stop = threading.Event()
-        self.fenced: str | None = None  # an identity of this node the coordinator declared dead
+        self.lock = threading.Lock()
+        self.lease: int | None = None
+        self.announced: dict | None = None
+        self.map = None  # the newest map read
+
+    def announce(self) -> None:
+        """Publish this node's presence now if it changed (from any thread)."""
+        with self.lock:
+            info = self.server.beat()
+            if self.lease is None:
+                self.lease = self.store.membership.grant(NODE_TTL)
+            if info != self.announced:
+                try:
+                    self.store.announce(self.server.endpoint, info, self.lease)
+                except LeaseNotFound:  # it expired meanwhile: under a new one
+                    self.lease = self.store.membership.grant(NODE_TTL)
+                    self.store.announce(self.server.endpoint, info, self.lease)
+                self.announced = info
 
     def run(self) -> None:
-        sock = make_socket(self.server.context, zmq.DEALER, self.server.curve)
-        sock.connect(self.endpoint)
-        try:
-            while not self.stop.is_set():
-                beat = self.server.beat()  # plain attributes only: safe beside the main thread
-                try:
-                    sock.send_multipart(codec.encode(beat, []), flags=zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # not connected yet, or the queue is full: the next beat tries again
-                deadline = time.monotonic() + HEARTBEAT
-                while not self.stop.is_set() and sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                    try:
-                        header, _ = codec.decode(sock.recv_multipart(copy=False))
-                    except codec.Malformed:
-                        continue
-                    if header.get("fenced") and beat["source"] is not None:
-                        self.fenced = beat["source"]
-        finally:
-            sock.close(0)
+        while not self.stop.is_set():
+            try:
+                with self.lock:
+                    if self.lease is not None and not self.store.membership.keepalive(self.lease):
+                        self.lease, self.announced = None, None  # expired: this node was failed over
+                self.announce()
+                latest = self.store.read_map()
+                if latest is not None:
+                    self.map = latest
+            except MembershipUnavailable:
+                pass  # the store is away: keep trying; the lease tells the others
+            self.stop.wait(HEARTBEAT)
+        self.store.membership.close()
 
 
 def die_with_parent(parent: int) -> None:
@@ -367,13 +312,17 @@ def die_with_parent(parent: int) -> None:
 
 
 def run(bind: str, curve: dict | None = None, parent: int | None = None, map_header: dict | None = None,
-        token: str | None = None) -> None:
+        token: str | None = None, membership: dict | None = None) -> None:
     """Serve until told to shut down; prints `READY <endpoint>` once listening."""
     if parent:
         die_with_parent(parent)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where the node is
-    server = NodeServer(bind, curve, parent, token)
+    server = NodeServer(bind, curve, parent, token, membership)
+    if membership is not None:
+        server.presence = _Presence(server)
+        server.presence.announce()
+        server.presence.start()
     if map_header is not None:
         server.apply_map(map_header)
     print(f"READY {server.endpoint}", flush=True)

@@ -54,6 +54,7 @@ class Node:
         self.lazy_close = lazy_close  # step() only marks the window for closing (node processes)
         self.close_pending = False
         self.client_marks: dict[str, int] = {}  # client id -> its last write applied here
+        self.closed_marks: dict[str, int] = {}  # client marks as of the last closed window (= committed records)
         self.client_writes: dict[str, tuple[int, int]] = {}  # client id -> (its last write, our seq for it)
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
@@ -130,7 +131,8 @@ class Node:
         committed = bool(header.get("committed"))
         rows = shard.read(ids, committed=committed, records=bool(header.get("records")))
         if committed:  # with the deltas that carried them: a reader can check its cut against parity holders
-            return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()}}, [rows]
+            return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()},
+                    "marks": self.closed_marks}, [rows]
         return {}, [rows]
 
     def op_get_many(self, header, arrays):
@@ -286,6 +288,11 @@ class Node:
             later = [(ids, delta) for source, seq in cut.items() for n, _, name, ids, delta
                      in self.skipped.get(source, ()) if n > seq and name == shard.spec.name]
             shard.restore_parity(keys, values, later)
+            marks = header.get("marks")
+            if isinstance(marks, dict):  # rebuilt rows hold each source's windows up to the cut: so must its marks
+                for source, m in marks.items():
+                    if source in cut and source not in self.applied_clients and isinstance(m, dict):
+                        self.applied_clients[source] = {c: v for c, v in m.items() if isinstance(c, str) and isinstance(v, int)}
         else:
             keys = self._ids(shard, keys)
             if values.dtype != np.float32 or values.shape != (keys.size, shard.width):
@@ -358,6 +365,7 @@ class Node:
                 pick = rows[bounds[target]:bounds[target + 1]]
                 parts[target][0].append(name)
                 parts[target][1].extend([ids[pick], delta[pick]])
+        self.closed_marks = dict(self.client_marks)
         self.closed_windows += 1
         window = self.closed_windows
         self.windows[window] = [self.write_seq, len(parts)]

@@ -1,0 +1,215 @@
+"""The failover decider: keeps the cluster map true to which nodes are alive.
+
+Stateless: everything it knows is read from the membership store (the map, node presence)
+or asked of the nodes; any number of copies run, and only the one holding the election key
+acts (every map change it makes is guarded by that key, so a deposed decider changes
+nothing). Each `step()` makes one decision, in this order:
+
+1. positions whose node is gone (its presence expired, or another incarnation is there) are
+   declared dead and their identities fenced (one map change), and the map is pushed to
+   every live node before anything else happens, so survivors refuse the dead node's late
+   deltas;
+2. a dead position whose stripes' parity holders may disagree (`failing`) is reconciled:
+   holders behind a stripe's most advanced holder forget their parity row, to be rebuilt
+   from the data (`plans.stale_parity`); then it leaves `failing` and clients replay;
+3. live nodes' up/rebuilding states follow what they report;
+4. nodes without an identity in the map (at start) are given their position;
+5. nodes that hold a position the map does not give them are fenced (a decider died while
+   installing them);
+6. a live spare is put in a dead position, with the tables, rebuilding.
+
+The pure decisions live in `plans`; this module does the talking. `control` sends requests
+to nodes by endpoint: `call_all({endpoint: (header, arrays)}, timeout)` returns
+`{endpoint: (reply, arrays) or the exception met}`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ClusterConfig
+from ..errors import Error
+from ..membership import LeaseNotFound
+from ..storage.table import TableSpec
+from . import plans
+from .map import Map
+from .store import ClusterStore
+
+CONTROL_TIMEOUT = 2.0  # one round of control calls to nodes
+PATIENCE = 3  # rounds a live node (its lease kept) may fail to answer a reconcile before it is failed too
+ELECTION_TTL = 2.0  # a dead decider is replaced within this many seconds
+
+
+class Decider:
+    def __init__(self, store: ClusterStore, control, name: str, token: str | None = None, ttl: float = ELECTION_TTL,
+                 log=None):
+        self.store, self.control, self.name, self.token, self.ttl = store, control, name, token, ttl
+        self.log = log or (lambda message: None)
+        self.lease: int | None = None
+        self.silences: dict[str, int] = {}  # endpoint -> reconcile rounds it did not answer (soft state)
+
+    # -- election ----------------------------------------------------------
+    def leading(self) -> bool:
+        """Keep (or try to win) the election; True while this decider may act."""
+        membership = self.store.membership
+        if self.lease is not None and not membership.keepalive(self.lease):
+            self.lease = None
+        if self.lease is None:
+            self.lease = membership.grant(self.ttl)
+        try:
+            return self.store.campaign(self.name, self.lease)
+        except LeaseNotFound:  # it expired between the keep-alive and the campaign
+            self.lease = None
+            return False
+
+    def resign(self) -> None:
+        if self.lease is not None:
+            self.store.membership.revoke(self.lease)
+            self.lease = None
+
+    # -- decisions ---------------------------------------------------------
+    def step(self) -> bool:
+        """Make the next decision if this decider leads; True if the map changed (step again now)."""
+        if not self.leading():
+            return False
+        m = self.store.read_map()
+        if m is None:
+            return False
+        presence = self.store.presence()
+        dead = plans.silent(m, presence)
+        if dead:
+            self.log(f"epoch {m.epoch}: positions {dead} lost their node (presence gone or replaced): declared dead")
+            return self._swap(m, plans.declare_dead(m, dead)) is not None
+        if m.failing:
+            return self._reconcile(m, *m.failing[0])
+        states = plans.rebuild_states(m, presence)
+        if states != m:
+            return self._swap(m, states) is not None
+        unassigned = [p for p in m.live() if m.sources[p] is None]
+        if unassigned:
+            return self._assign(m, unassigned)
+        strays = plans.strays(m, presence)
+        if strays:
+            return self._swap(m, m.replace(fenced=m.fenced + tuple(strays))) is not None
+        spares = plans.free_spares(m, presence)
+        if m.dead() and spares:
+            return self._install(m, m.dead()[0], spares)
+        return False
+
+    def _swap(self, old: Map, new: Map) -> Map | None:
+        """Change the map (only while leading); push it to every live node at once."""
+        written = self.store.swap_map(old, new, self.store.leader_guard(self.name))
+        if written is not None:
+            self.broadcast(written)
+        return written
+
+    def map_header(self, m: Map, **extra) -> dict:
+        return {"op": "map", "token": self.token, **m.view(), **extra}
+
+    def broadcast(self, m: Map) -> None:
+        """The map to every live node (one that does not answer learns it from the store)."""
+        header = self.map_header(m)
+        self.control.call_all({m.endpoints[p]: (header, []) for p in m.live()}, CONTROL_TIMEOUT)
+
+    def _ask(self, requests: dict) -> tuple[dict, list]:
+        """({endpoint: (reply, arrays)}, [endpoints that failed])."""
+        answers = self.control.call_all(requests, CONTROL_TIMEOUT)
+        return ({e: a for e, a in answers.items() if not isinstance(a, Exception)},
+                [e for e, a in answers.items() if isinstance(a, Exception)])
+
+    def _tables(self, m: Map) -> list | None:
+        """The tables' definitions, from any up node (None: none answered)."""
+        for p in m.live():
+            if m.states[p] == "up":
+                ok, _ = self._ask({m.endpoints[p]: ({"op": "tables"}, [])})
+                if ok:
+                    return ok[m.endpoints[p]][0]["tables"]
+        return None
+
+    def _reconcile(self, m: Map, p: int, source: str) -> bool:
+        survivors = m.live()
+        ok, failed = self._ask({m.endpoints[q]: ({"op": "applied", "source": source}, []) for q in survivors})
+        if failed:
+            return self._unanswered(m, failed)
+        score = np.full(m.nodes, -1, dtype=np.int64)  # how much of p's writes each survivor's parity holds
+        for q in survivors:
+            score[q] = sum(ok[m.endpoints[q]][0]["clients"].values())
+        new = m
+        if len(set(score[score >= 0].tolist())) > 1:
+            tables = self._tables(m)
+            if tables is None:
+                return False  # nobody to ask for the tables now: try again at the next step
+            config = ClusterConfig(**m.config)
+            for spec in tables:
+                new, failed = self._forget_stale(new, config.layout(TableSpec.from_config(spec)), spec["name"], p, score)
+                if failed:
+                    return self._unanswered(m, failed)
+        self.log(f"epoch {m.epoch}: position {p} reconciled" + (f"; rebuilding parity on {[q for q in range(m.nodes) if new.generations[q] != m.generations[q]]}" if new != m else ""))
+        return self._swap(m, new.replace(failing=tuple(f for f in new.failing if tuple(f) != (p, source)))) is not None
+
+    def _unanswered(self, m: Map, failed: list[str]) -> bool:
+        """Survivors that did not answer a reconcile: asked again at the next steps; failed (a node that
+        cannot be asked is as good as dead) once they stayed silent PATIENCE times."""
+        for e in failed:
+            self.silences[e] = self.silences.get(e, 0) + 1
+        hopeless = [e for e in failed if self.silences[e] >= PATIENCE]
+        if not hopeless:
+            return False
+        dead = [m.position_of(e) for e in hopeless]
+        self.log(f"epoch {m.epoch}: positions {dead} did not answer {PATIENCE} times while reconciling: declared dead")
+        for e in hopeless:
+            del self.silences[e]
+        return self._swap(m, plans.declare_dead(m, dead)) is not None
+
+    def _forget_stale(self, m: Map, layout, table: str, p: int, score) -> tuple[Map, list]:
+        """Invalidate, on every holder behind, the parity rows of `table`'s stripes that p held data in."""
+        stripes, holders = plans.reconcile_stripes(layout, p)
+        rebuilding = [int(q) for q in np.unique(holders) if m.states[q] == "rebuilding"]
+        rows = {q: (holders == q).any(axis=1) for q in rebuilding}
+        ok, failed = self._ask({m.endpoints[q]: ({"op": "holds", "table": table}, [stripes[rows[q]]]) for q in rebuilding})
+        has = {q: ok[m.endpoints[q]][1][0].astype(bool) if m.endpoints[q] in ok else np.zeros(rows[q].sum(), bool)
+               for q in rebuilding}
+        stale = plans.stale_parity(stripes, holders, score, has)
+        ok, failed = self._ask({m.endpoints[q]: ({"op": "invalidate", "table": table}, [s]) for q, s in stale.items()})
+        for q in stale:
+            if m.endpoints[q] in ok:
+                generation = max(m.generations[q], ok[m.endpoints[q]][0].get("generation", 0))
+                m = m.with_position(q, state="rebuilding" if m.states[q] != "dead" else "dead", generation=generation)
+        return m, failed
+
+    def _assign(self, m: Map, positions: list[int]) -> bool:
+        """Nodes named in the map but not yet holding their position take it and say who they are."""
+        ok, _ = self._ask({m.endpoints[p]: (self.map_header(m, position=p, rebuilding=m.states[p] == "rebuilding"), [])
+                           for p in positions})
+        new = m
+        for p in positions:
+            source = ok.get(m.endpoints[p], ({}, []))[0].get("source")
+            if isinstance(source, str):
+                new = new.with_position(p, source=source)
+        return new != m and self._swap(m, new) is not None
+
+    def _install(self, m: Map, p: int, spares: list[str]) -> bool:
+        """Put the first spare that takes it in dead position p, with every table, rebuilding."""
+        tables = self._tables(m)
+        if tables is None:
+            return False
+        for spare in spares:
+            ok, _ = self._ask({spare: (self.map_header(m, position=p, rebuilding=True), [])})
+            source = ok.get(spare, ({}, []))[0].get("source")
+            if not isinstance(source, str):
+                continue
+            try:
+                for spec in tables:
+                    self._call(spare, {"op": "create_table", "spec": spec})
+            except Error:
+                self._swap(m, m.replace(fenced=m.fenced + (source,)))  # it took the position, then failed
+                return True
+            self.log(f"epoch {m.epoch}: spare {spare} put in position {p}")
+            return self._swap(m, m.with_position(p, endpoint=spare, source=source, state="rebuilding",
+                                                 generation=0)) is not None
+        return False
+
+    def _call(self, endpoint: str, header: dict) -> dict:
+        answer = self.control.call_all({endpoint: (header, [])}, CONTROL_TIMEOUT)[endpoint]
+        if isinstance(answer, Exception):
+            raise answer if isinstance(answer, Error) else Error(str(answer))
+        return answer[0]

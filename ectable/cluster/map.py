@@ -1,0 +1,90 @@
+"""The cluster map: who holds each position, in which state; a pure value.
+
+It is stored in the membership store under `<prefix>/map` and changes only by
+compare-and-swap on that key's revision, which is the map's **epoch**: every change
+raises it, so nodes and clients can tell a newer map from an older one.
+
+Per position: the node's endpoint, its identity (`source`, one per node incarnation;
+None until the node took the position), its state and its rebuild generation.
+
+    up          holds all its rows and parity rows
+    rebuilding  a spare put there, or a node told to rebuild some parity rows; serves
+                what it has
+    dead        its node is gone (its identity is in `fenced`); reads are decoded from
+                the survivors until a spare is put there
+
+`failing` lists dead positions whose stripes' parity holders are not reconciled yet
+(position, identity): clients replay their redo logs only once it is empty for theirs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import msgpack
+
+STATES = ("up", "rebuilding", "dead")
+
+
+@dataclass(frozen=True)
+class Map:
+    config: dict
+    endpoints: tuple
+    sources: tuple
+    states: tuple
+    generations: tuple
+    fenced: tuple = ()
+    failing: tuple = ()  # ((position, source), ...)
+    epoch: int = 0  # the store's revision of this map (not stored in it)
+
+    @classmethod
+    def initial(cls, config: dict, endpoints) -> "Map":
+        n = len(endpoints)
+        return cls(dict(config), tuple(endpoints), (None,) * n, ("up",) * n, (0,) * n)
+
+    def encode(self) -> bytes:
+        value = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "epoch"}
+        return msgpack.packb(value, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes, epoch: int) -> "Map":
+        value = msgpack.unpackb(data, raw=False)
+        value["failing"] = tuple(tuple(pair) for pair in value.get("failing", ()))
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}, epoch=epoch)
+
+    def with_position(self, p: int, **changes) -> "Map":
+        """A copy with position p's endpoint, source, state or generation changed."""
+        fields = {"endpoint": "endpoints", "source": "sources", "state": "states", "generation": "generations"}
+        out = {}
+        for key, value in changes.items():
+            name = fields[key]
+            column = list(getattr(self, name))
+            column[p] = value
+            out[name] = tuple(column)
+        return dataclasses.replace(self, **out)
+
+    def replace(self, **changes) -> "Map":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.endpoints)
+
+    def live(self) -> list[int]:
+        return [p for p, s in enumerate(self.states) if s != "dead"]
+
+    def dead(self) -> list[int]:
+        return [p for p, s in enumerate(self.states) if s == "dead"]
+
+    def position_of(self, endpoint: str) -> int | None:
+        """The live position served at `endpoint`, or None."""
+        for p, (e, s) in enumerate(zip(self.endpoints, self.states)):
+            if e == endpoint and s != "dead":
+                return p
+        return None
+
+    def view(self) -> dict:
+        """The map as a plain dict (what a `map` message to a node carries)."""
+        return {"epoch": self.epoch, "config": self.config, "endpoints": list(self.endpoints),
+                "sources": list(self.sources), "states": list(self.states),
+                "dead": self.dead(), "fenced": list(self.fenced)}

@@ -1,0 +1,97 @@
+"""Failover decisions as pure functions of the map and what nodes report (no I/O)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..layout import Layout
+from .map import Map
+
+
+def silent(m: Map, presence: dict) -> list[int]:
+    """Live positions whose node is gone: no presence at its endpoint, or another incarnation there (nodes
+    announce a position they take before they answer the decider that gave it). A position whose node
+    never took it is waited for, not failed."""
+    out = []
+    for p in m.live():
+        if m.sources[p] is None:
+            continue  # not started yet (nodes may start after the map is written): it holds nothing
+        info = presence.get(m.endpoints[p])
+        if info is None or info.get("source") != m.sources[p]:
+            out.append(p)
+    return out
+
+
+def declare_dead(m: Map, positions) -> Map:
+    """The map with `positions` dead, their identities fenced and their parity to reconcile."""
+    for p in positions:
+        source = m.sources[p]
+        m = m.with_position(p, state="dead").replace(
+            fenced=m.fenced + ((source,) if source else ()),
+            failing=m.failing + (((p, source),) if source else ()))
+    return m
+
+
+def rebuild_states(m: Map, presence: dict) -> Map:
+    """The map with each live position's up/rebuilding state as its node reports it; a report from
+    before the node was last told to rebuild (an older generation) changes nothing."""
+    for p in m.live():
+        info = presence.get(m.endpoints[p])
+        if info is None or m.sources[p] is None or info.get("source") != m.sources[p]:
+            continue
+        generation = info.get("generation") if isinstance(info.get("generation"), int) else 0
+        if generation < m.generations[p]:
+            continue
+        state = "rebuilding" if info.get("rebuilding") else "up"
+        if state != m.states[p] or generation != m.generations[p]:
+            m = m.with_position(p, state=state, generation=generation)
+    return m
+
+
+def strays(m: Map, presence: dict) -> list[str]:
+    """Identities of nodes that hold a position the map does not give them (not fenced yet)."""
+    out = []
+    for endpoint, info in presence.items():
+        p, source = info.get("position"), info.get("source")
+        if not isinstance(p, int) or not isinstance(source, str) or source in m.fenced:
+            continue
+        if not (0 <= p < m.nodes) or m.endpoints[p] != endpoint or m.sources[p] not in (None, source):
+            out.append(source)
+    return out
+
+
+def arriving(m: Map, presence: dict) -> list[str]:
+    """Endpoints of spares that took a dead position the map does not give them yet (being installed)."""
+    return [e for e, info in sorted(presence.items())
+            if isinstance(info.get("position"), int) and 0 <= info["position"] < m.nodes
+            and m.states[info["position"]] == "dead" and info.get("source") not in m.fenced]
+
+
+def free_spares(m: Map, presence: dict) -> list[str]:
+    """Endpoints of live nodes that hold no position (in announcement order of their keys)."""
+    taken = {m.endpoints[p] for p in m.live()}
+    return [e for e, info in sorted(presence.items()) if info.get("position") is None and e not in taken]
+
+
+def reconcile_stripes(layout: Layout, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stripes position p held data in, and their parity holders [stripes, r]."""
+    stripes = np.unique(np.concatenate([layout.stripes_of(p, t) for t in range(layout.k)]))
+    holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)], axis=1)
+    return stripes, holders
+
+
+def stale_parity(stripes: np.ndarray, holders: np.ndarray, score: np.ndarray, has: dict) -> dict:
+    """A dead node's last windows may have reached some parity holders of a stripe and not others.
+    Per stripe, every holder behind the stripe's most advanced holder forgets its parity row (it is
+    rebuilt from the data, after clients replayed what no parity holds); the most advanced is never
+    touched. `score[q]`: how much of the dead node's writes survivor q applied (-1: not a survivor);
+    `has[q]`: for a rebuilding holder, which of the rows it holds (by `holders == q` rows) it has.
+    Returns {holder: stripes whose parity row it must forget}."""
+    held = score[holders]
+    for q, have in has.items():
+        mine = holders == q
+        rows = mine.any(axis=1)
+        sub = held[rows]
+        sub[mine[rows] & ~have[:, None]] = -1
+        held[rows] = sub
+    behind = (held >= 0) & (held < held.max(axis=1, keepdims=True))
+    return {int(q): stripes[(behind & (holders == q)).any(axis=1)] for q in np.unique(holders[behind]).tolist()}

@@ -1,0 +1,73 @@
+"""The cluster's keys in a membership store: the map, node presence and the decider's election.
+
+    <prefix>/map              the cluster map (`Map`), changed by compare-and-swap only
+    <prefix>/alive/<endpoint> a node process's presence, under its lease: who it is, where it is,
+                              whether it rebuilds; gone when the process dies (its lease expires)
+    <prefix>/decider          the failover decider that acts now, under its lease
+"""
+from __future__ import annotations
+
+import msgpack
+
+from ..membership import Compare, Delete, Membership, Put
+from .map import Map
+
+
+class ClusterStore:
+    def __init__(self, membership: Membership, prefix: str):
+        self.membership, self.prefix = membership, prefix.rstrip("/")
+        self.map_key = f"{self.prefix}/map"
+        self.alive_prefix = f"{self.prefix}/alive/"
+        self.decider_key = f"{self.prefix}/decider"
+
+    # -- the map -----------------------------------------------------------
+    def read_map(self) -> Map | None:
+        kv = self.membership.get(self.map_key)
+        return None if kv is None else Map.decode(kv.value, kv.mod_revision)
+
+    def swap_map(self, old: Map | None, new: Map, guard=()) -> Map | None:
+        """Write `new` if the map is still `old` (None: absent) and every `guard` holds; the map as
+        written (its epoch set), or None if another writer came first."""
+        cond = [Compare.unchanged(self.map_key, old.epoch) if old is not None else Compare.absent(self.map_key), *guard]
+        ok, revision = self.membership.txn(cond, [Put(self.map_key, new.encode())])
+        return new.replace(epoch=revision) if ok else None
+
+    # -- presence ----------------------------------------------------------
+    def presence(self) -> dict[str, dict]:
+        """{endpoint: what its node announced} for every node process alive now."""
+        kvs, _ = self.membership.range(self.alive_prefix)
+        out = {}
+        for kv in kvs:
+            try:
+                info = msgpack.unpackb(kv.value, raw=False)
+            except Exception:  # not ours: ignore
+                continue
+            if isinstance(info, dict):
+                out[kv.key[len(self.alive_prefix):]] = info
+        return out
+
+    def announce(self, endpoint: str, info: dict, lease: int) -> None:
+        self.membership.put(self.alive_prefix + endpoint, msgpack.packb(info, use_bin_type=True), lease)
+
+    def withdraw(self, endpoint: str) -> None:
+        """The node at `endpoint` is known to be dead (its parent saw it exit): fail it over now."""
+        self.membership.txn([], [Delete(self.alive_prefix + endpoint)])
+
+    # -- election ----------------------------------------------------------
+    def campaign(self, name: str, lease: int) -> bool:
+        """Become the decider if there is none; True if `name` is the decider now."""
+        ok, _ = self.membership.txn([Compare.absent(self.decider_key)], [Put(self.decider_key, name.encode(), lease)])
+        if ok:
+            return True
+        kv = self.membership.get(self.decider_key)
+        return kv is not None and kv.value == name.encode()
+
+    def leader_guard(self, name: str) -> list:
+        """A comparison that holds only while `name` is the decider (every map change it makes carries it)."""
+        return [Compare(self.decider_key, "value", name.encode())]
+
+
+def open_store(section: dict) -> ClusterStore:
+    """The cluster store a TOML `[membership]` section names: etcd `endpoints`, key `prefix`."""
+    from ..membership.etcd import EtcdMembership
+    return ClusterStore(EtcdMembership(list(section["endpoints"])), section["prefix"])

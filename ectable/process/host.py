@@ -1,0 +1,124 @@
+"""A node's membership side, whatever carries its messages.
+
+A `NodeHost` wraps one `Node`: it takes a position when a decider's map gives it one (once),
+follows newer maps (peers' endpoints and identities, dead positions, fenced identities),
+answers the control ops (`map`, `ping`, `shutdown`) and dispatches everything else to its
+node. It leaves its position, and waits as a spare, when the map fences its identity. Node
+processes (`node_server.NodeServer`, ZeroMQ) and in-process clusters (`local.py`) host
+nodes through it, so both follow maps with the same code.
+"""
+from __future__ import annotations
+
+from ..config import ENDPOINT, ClusterConfig
+from ..storage.node import Node
+
+
+class NodeHost:
+    endpoint_pattern = ENDPOINT  # what peers' endpoints look like on this transport
+
+    def __init__(self, endpoint: str, token: str | None):
+        self.endpoint, self.token = endpoint, token
+        self.node: Node | None = None
+        self.epoch = 0  # of the last map taken
+        self.endpoints: list[str] = []
+        self.sources: dict[int, str] = {}  # identity last seen at each position
+        self.dead: set[int] = set()
+        self.running = True
+        self.lazy_close = False  # nodes of processes close windows when idle
+
+    def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
+        """Answer one request: a control op here, anything else by the node."""
+        reply = self.control(header, arrays)
+        return reply if reply is not None else self.node.handle(header, arrays)
+
+    # -- control ---------------------------------------------------------
+    def control(self, header: dict, arrays: list) -> tuple[dict, list] | None:
+        op = header.get("op")
+        if op in ("map", "shutdown", "fault") and (self.token is None or header.get("token") != self.token):
+            return {"error": "invalid", "message": f"{op} is only taken from the cluster that started this node"}, []
+        if op == "map":
+            return self.apply_map(header), []
+        if op == "ping":
+            return {"position": None if self.node is None else self.node.position}, []
+        if op == "shutdown":
+            self.running = False
+            return {}, []
+        if self.node is None:
+            return {"error": "not_member", "message": "this node holds no position (a spare)"}, []
+        return None
+
+    def apply_map(self, header: dict) -> dict:
+        """Take a position (once), learn peers' endpoints, identities and which positions are dead."""
+        endpoints, dead = header.get("endpoints"), header.get("dead", [])
+        if not (isinstance(endpoints, list) and all(isinstance(e, str) and self.endpoint_pattern.match(e) for e in endpoints)
+                and isinstance(dead, list) and all(isinstance(d, int) and 0 <= d < len(endpoints) for d in dead)
+                and (self.node is None or len(endpoints) == self.node.config.nodes)):
+            return {"error": "invalid", "message": "map needs tcp://host:port endpoints, one per node, and dead positions"}
+        if isinstance(header.get("epoch"), int):
+            if header["epoch"] < self.epoch:  # an older map overtaken by a newer one: keep the newer
+                return {"source": self.node and self.node.source}
+            self.epoch = header["epoch"]
+        if self.node is None and header.get("position") is not None:
+            try:
+                config = ClusterConfig(**header["config"])
+                position = int(header["position"])
+                if not 0 <= position < config.nodes or len(endpoints) != config.nodes:
+                    raise ValueError("position or endpoints do not fit the cluster")
+            except (TypeError, ValueError, KeyError) as exc:
+                return {"error": "invalid", "message": f"bad map: {exc}"}
+            self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")), lazy_close=self.lazy_close)
+            self.announce()  # before the decider hears of it: it then expects this identity
+        if self.node is None:
+            return {"source": None}
+        sources = header.get("sources")
+        if not (isinstance(sources, list) and len(sources) == len(endpoints)):
+            sources = [None] * len(endpoints)
+        for target, endpoint in enumerate(endpoints):
+            moved = target < len(self.endpoints) and (self.endpoints[target] != endpoint or (
+                sources[target] is not None and self.sources.get(target) not in (None, sources[target])))
+            if moved and target != self.node.position:  # a new node there (maybe at the same endpoint)
+                self._drop_peer(target)
+                self.node.peer_replaced(target)
+            if sources[target] is not None:
+                self.sources[target] = sources[target]
+        self.endpoints = endpoints
+        self.dead = set(dead)
+        self.node.fenced |= {f for f in header.get("fenced", []) if isinstance(f, str)}
+        for target in self.dead:
+            self._drop_peer(target)
+        for target in range(len(endpoints)):
+            if target != self.node.position and target not in self.dead:
+                self._connect(target)
+        return {"source": self.node.source}
+
+    def beat(self) -> dict:
+        """This node's presence: who it is, and whether (and since which invalidation) it rebuilds."""
+        node = self.node
+        return {"endpoint": self.endpoint, "source": node and node.source, "position": node and node.position,
+                "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0}
+
+    def follow_map(self, latest) -> None:
+        """Take a map read from the store (`cluster.map.Map`): leave if it fences this node's identity,
+        else learn what changed if it is newer."""
+        if latest is None or self.node is None:
+            return
+        if self.node.source in latest.fenced:
+            self.leave()
+        elif latest.epoch > self.epoch:
+            self.apply_map(latest.view())
+
+    def leave(self) -> None:
+        """This node was declared dead while it was away: drop everything and wait as a spare."""
+        self.node = None
+        self.endpoints, self.dead, self.sources = [], set(), {}
+        self.announce()  # a spare again
+
+    def _drop_peer(self, target: int) -> None:
+        """Deltas to `target` are moot (it died, or a replacement rebuilds its parity from data)."""
+
+    def _connect(self, target: int) -> None:
+        """A live peer: a transport may connect to it now, so the first window's deltas need not wait."""
+
+    def announce(self) -> None:
+        """Publish who this node is now (its presence in the cluster's store), where the host keeps one."""
+

@@ -1,0 +1,93 @@
+"""Failover decisions as pure functions of the map and the nodes' presence (no I/O)."""
+import numpy as np
+
+from ectable.cluster import plans
+from ectable.cluster.map import Map
+from ectable.config import ClusterConfig
+from ectable.storage.table import TableSpec
+
+CONFIG = ClusterConfig(nodes=6, code="rs", k=4, r=2)
+
+
+def cluster_map(n=6):
+    m = Map.initial(CONFIG.get_config(), [f"tcp://127.0.0.1:{7000 + p}" for p in range(n)])
+    for p in range(n):
+        m = m.with_position(p, source=f"node/{p}/a")
+    return m.replace(epoch=5)
+
+
+def presence(m, **changes):
+    out = {e: {"endpoint": e, "source": s, "position": p, "rebuilding": False, "generation": 0}
+           for p, (e, s) in enumerate(zip(m.endpoints, m.sources))}
+    for endpoint, info in changes.items():
+        if info is None:
+            del out[endpoint]
+        else:
+            out[endpoint] = info
+    return out
+
+
+def test_the_map_round_trips_and_changes_by_copy():
+    m = cluster_map()
+    again = Map.decode(m.encode(), 9)
+    assert again.replace(epoch=5) == m and again.epoch == 9
+    moved = m.with_position(2, state="rebuilding", generation=3)
+    assert moved.states[2] == "rebuilding" and moved.generations[2] == 3 and m.states[2] == "up"
+
+
+def test_a_node_whose_presence_is_gone_or_replaced_is_silent():
+    m = cluster_map()
+    assert plans.silent(m, presence(m)) == []
+    e1, e4 = m.endpoints[1], m.endpoints[4]
+    restarted = {"endpoint": e4, "source": None, "position": None, "rebuilding": False, "generation": 0}
+    assert plans.silent(m, presence(m, **{e1: None, e4: restarted})) == [1, 4]
+    assert plans.silent(m.with_position(1, state="dead"), presence(m, **{e1: None})) == []  # already dead
+    assert plans.silent(m.with_position(1, source=None), presence(m, **{e1: None})) == []  # not started yet
+
+
+def test_declaring_dead_fences_the_identity_and_marks_it_for_reconciling():
+    m = plans.declare_dead(cluster_map(), [1, 3])
+    assert m.dead() == [1, 3]
+    assert m.fenced == ("node/1/a", "node/3/a") and m.failing == ((1, "node/1/a"), (3, "node/3/a"))
+
+
+def test_states_follow_reports_but_never_an_older_generation():
+    m = cluster_map().with_position(2, state="rebuilding", generation=2)
+    e2 = m.endpoints[2]
+    old = {"endpoint": e2, "source": "node/2/a", "position": 2, "rebuilding": False, "generation": 1}
+    assert plans.rebuild_states(m, presence(m, **{e2: old})) == m  # a report from before it was told to rebuild
+    done = dict(old, generation=2)
+    assert plans.rebuild_states(m, presence(m, **{e2: done})).states[2] == "up"
+    told = dict(old, rebuilding=True, generation=3)
+    after = plans.rebuild_states(cluster_map(), presence(m, **{e2: told}))
+    assert after.states[2] == "rebuilding" and after.generations[2] == 3
+
+
+def test_spares_and_strays():
+    m = plans.declare_dead(cluster_map(), [1])
+    spare = {"endpoint": "tcp://127.0.0.1:9000", "source": None, "position": None}
+    stray = {"endpoint": "tcp://127.0.0.1:9001", "source": "node/1/b", "position": 1}
+    fenced = {"endpoint": m.endpoints[1], "source": "node/1/a", "position": 1}
+    seen = presence(m, **{spare["endpoint"]: spare, stray["endpoint"]: stray, m.endpoints[1]: fenced})
+    assert plans.free_spares(m, seen) == [spare["endpoint"]]
+    assert plans.strays(m, seen) == ["node/1/b"]  # it holds position 1 but the map does not give it
+
+
+def test_only_holders_behind_a_stripes_most_advanced_forget_their_parity():
+    layout = CONFIG.layout(TableSpec.from_config({"name": "t", "num_rows": 4000, "dim": 4, "seed": 0}))
+    stripes, holders = plans.reconcile_stripes(layout, 2)
+    assert (holders != 2).all() and holders.shape == (stripes.size, 2)
+    score = np.array([7, 7, -1, 7, 7, 7])
+    assert plans.stale_parity(stripes, holders, score, {}) == {}  # every survivor holds the same
+    score[4] = 6  # node 4 missed the dead node's last window
+    stale = plans.stale_parity(stripes, holders, score, {})
+    assert list(stale) == [4]
+    np.testing.assert_array_equal(stale[4], stripes[(holders == 4).any(axis=1)])
+    rows = (holders == 5).any(axis=1)  # node 5 rebuilds, and lacks its first parity row: it counts for nothing
+    has = np.ones(rows.sum(), dtype=bool)
+    has[0] = False
+    stale = plans.stale_parity(stripes, holders, score, {5: has})
+    assert 5 not in stale  # a holder that lacks the row is never told to forget more
+    first = stripes[rows][0]
+    other = holders[stripes == first][0]
+    assert first not in stale.get(int(other[other != 5][0]), [])  # its stripe's other holder is now the most advanced
