@@ -60,7 +60,7 @@ def test_a_silent_node_is_declared_dead_replaced_and_fenced_when_it_returns():
         rng = np.random.default_rng(1)
         write((client, ref), rng)
         pid = cluster.node_pids()[1]
-        os.kill(pid, signal.SIGSTOP)  # alive but silent: no client touches it, only heartbeats tell
+        os.kill(pid, signal.SIGSTOP)  # alive but silent: no client touches it, only its lease tells
         try:
             deadline = time.monotonic() + 15
             while cluster.state(1) != "rebuilding" and time.monotonic() < deadline:  # dead, then a spare there

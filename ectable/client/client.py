@@ -582,7 +582,7 @@ class Client:
 
     def _unapplied(self, entry, marks, held):
         """The rows of a logged write whose parity does not hold it yet: for each row, the most
-        advanced of its parity holders that has the row's parity row (the coordinator made the
+        advanced of its parity holders that has the row's parity row (the decider made the
         others agree, or forget theirs)."""
         out = []
         for table, kind, ids, values in entry.writes:

@@ -159,7 +159,7 @@ class StoredMap:
         self._rebuilding.add(self._map.sources[p])
 
     def rebuilt(self, p: int) -> None:
-        """Its rebuild is done: trust the map again (it says so within a heartbeat)."""
+        """Its rebuild is done: trust the map again (its presence says so within a keep-alive)."""
         self._rebuilding.discard(self._map.sources[p])
 
     def replace(self, p: int) -> bool:

@@ -1,1 +1,1 @@
-"""Runtimes that host the logic: node and coordinator processes, the rebuilder, LocalCluster."""
+"""Runtimes that host the logic: node and decider processes, node hosts, the rebuilder, LocalCluster."""
