@@ -14,23 +14,22 @@ settings.register_profile("thorough", max_examples=1000, stateful_step_count=80,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-@pytest.fixture(scope="module")
-def etcd_server():
-    """A one-member etcd shared by a test module (stopped, and its data removed, after the module)."""
+def _etcd():
     from ectable.membership import EtcdServer
     server = EtcdServer()
     try:
         yield server.start()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd_server():
+    """A one-member etcd shared by a test module (stopped, and its data removed, after the module)."""
+    yield from _etcd()
 
 
 @pytest.fixture
 def own_etcd():
     """An etcd of the test's own, for tests that stop, pause or restart it."""
-    from ectable.membership import EtcdServer
-    server = EtcdServer()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    yield from _etcd()
