@@ -326,20 +326,29 @@ class Client:
     def flush(self, timeout: float = DEADLINE) -> None:
         """Return once every node's parity reflects every acknowledged write."""
         self._close_windows(wait=True)
-        self.settle(time.monotonic() + timeout)
+        self.settle(time.monotonic() + timeout, close=True)
 
-    def settle(self, deadline: float) -> None:
-        """Wait until no node has deltas in flight to a live node."""
+    def settle(self, deadline: float, close: bool = False) -> None:
+        """Wait until no node has deltas in flight to a live node. With `close`, every node is also asked to
+        close its window (until it answers once: its step may not have reached it), and a live node that
+        does not answer has not settled: only a node failed over meanwhile is left out."""
+        closed = set()  # (position, identity) of the nodes that closed their window
         while True:
             busy = []
             for p in self._positions():
-                reply = self._try(p, {"op": "sync"})  # None: it died, and was failed over
-                if reply is not None and reply[0]["unacked"]:
+                key = (p, self._sources.get(p))
+                reply = self._try(p, {"op": "sync", "close": True} if close and key not in closed else {"op": "sync"})
+                if reply is None:  # no answer: it died and was failed over, or it did not answer in time
+                    if close and self._state(p) != "dead":
+                        busy.append(p)
+                    continue
+                closed.add(key)
+                if reply[0]["unacked"]:
                     busy.append(p)
             if not busy:
                 return
             if time.monotonic() > deadline:
-                raise Error(f"parity deltas of nodes {busy} are still unacknowledged")
+                raise Error(f"nodes {busy} did not settle: parity deltas still unacknowledged, or no answer")
             time.sleep(0.002)
 
     def status(self) -> dict:

@@ -96,7 +96,11 @@ class Decider:
         return False
 
     def _swap(self, old: Map, new: Map) -> Map | None:
-        """Change the map (only while leading); push it to every live node at once."""
+        """Change the map (only while leading); push it to every live node at once. A step that waited on
+        nodes may have outlived the election lease: it is kept alive (or won again, if no other decider
+        took it meanwhile; the map's compare-and-swap still refuses a map another decider changed)."""
+        if not self.leading():
+            return None
         written = self.store.swap_map(old, new, self.store.leader_guard(self.name))
         if written is not None:
             self.broadcast(written)

@@ -191,7 +191,10 @@ class Node:
         return {"seq": seq}, []
 
     def op_sync(self, header, arrays):
-        """How many of this node's deltas still wait for an acknowledgement."""
+        """How many of this node's deltas still wait for an acknowledgement; with "close", after closing the
+        window (a flush whose step did not reach this node)."""
+        if header.get("close") is True:
+            self.close_window()
         return {"unacked": len(self.unacked)}, []
 
     def op_step(self, header, arrays):
