@@ -61,3 +61,17 @@ def test_windows_close_by_age():
         assert cl.status()["dirty_rows"] == 1  # reads never move the cut a degraded read relies on
         cl.put("t", [1], np.ones((1, 2)))
         assert cl.status()["dirty_rows"] == 0
+
+
+def test_flush_closes_a_window_whose_step_never_reached_its_node():
+    """settle(close=True), flush's second half, closes every node's window itself: a node the step
+    missed still gets its writes into parity before flush returns."""
+    import time
+
+    from ectable.testing import check_parity
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, processes=False, window_seconds=1e9) as c:
+        cl = c.connect()
+        cl.create_table("t", num_rows=200, dim=4, optimizer="adagrad")
+        cl.apply_gradient("t", np.arange(200), np.ones((200, 4)))  # no step(): every window is open
+        cl.settle(time.monotonic() + 10, close=True)
+        check_parity(c, cl)
