@@ -24,3 +24,7 @@ class StaleCut(Error):
     with `behind`, deltas the data holds have not reached the node yet (send again shortly)."""
 
     behind = False
+
+
+class Replaying(Error):
+    """A replacement node holds client requests until every writer replayed into it (retry shortly)."""

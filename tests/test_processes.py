@@ -161,6 +161,49 @@ def test_concurrent_client_processes(tmp_path):
         check_parity(c, client)
 
 
+TRAINER = """
+import sys, numpy as np, ectable
+client = ectable.connect(sys.argv[1]); w = int(sys.argv[2]); rng = np.random.default_rng(w)
+ids = np.arange(64)
+for _ in range(12):  # no step(): every write stays in the open windows, so a failover replays them all
+    client.apply_gradient("hot", ids, rng.standard_normal((64, 8)).astype(np.float32))
+print("WROTE", flush=True)
+sys.stdin.readline()  # a node is killed now
+client.get("hot", ids)  # fails over: replays this trainer's writes
+client.flush()
+print("DONE", flush=True)
+sys.stdin.readline()
+client.close()
+"""
+
+
+def test_trainers_writing_the_same_rows_replay_in_the_order_the_node_applied(tmp_path):
+    """Three trainer processes write the same rows (adagrad: the order matters); a node holding some dies
+    with all their writes in its open window; once recovered every row equals what it was before."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, window_rows=10**9, window_seconds=1e9) as c:
+        client = c.connect()
+        client.create_table("hot", num_rows=64, dim=8, optimizer="adagrad", lr=0.1)
+        toml = tmp_path / "cluster.toml"
+        toml.write_text(ectable.config.dumps(c.describe()))
+        trainers = [subprocess.Popen([sys.executable, "-c", TRAINER, str(toml), str(w)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True) for w in range(3)]
+        try:
+            assert [t.stdout.readline().strip() for t in trainers] == ["WROTE"] * 3
+            before = client.get("hot", np.arange(64))
+            c.kill(2)
+            for t in trainers:
+                t.stdin.write("\n")
+                t.stdin.flush()
+            assert [t.stdout.readline().strip() for t in trainers] == ["DONE"] * 3
+            client.wait_recovered(timeout=60)
+            np.testing.assert_array_equal(client.get("hot", np.arange(64)), before)
+            check_parity(c, client)
+        finally:
+            for t in trainers:
+                t.stdin.close()
+                t.wait(30)
+
+
 def test_close_stops_every_process_and_frees_ports():
     c = ectable.LocalCluster(nodes=4, code="xor", k=3, r=1, spares=1)
     pids, endpoints = c.node_pids(), c.endpoints

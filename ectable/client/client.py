@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ..config import DEADLINE
-from ..errors import Error, InvalidRequest, NodeDown, StaleCut, Unavailable
+from ..errors import Error, InvalidRequest, NodeDown, Replaying, StaleCut, Unavailable
 from .repair import Repair
 from ..protocol import validate
 from ..storage.shard import NotRebuilt
@@ -15,6 +15,7 @@ from ..storage.table import TableSpec
 
 CREATE_DEADLINE = 600.0  # a new table's initial parity is computed from every row
 REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
+REPLAY_WAIT = 15.0  # longest a client waits for a replacement to apply every writer's replays
 
 
 class _Write:
@@ -43,6 +44,7 @@ class Client:
         self._steps: dict = {}  # step requests whose replies are not collected yet
         self.cid = secrets.token_hex(8)  # names this client's writes in the nodes' deltas
         self._cseq = 0
+        self._writer: str | None = None
         for p in range(self.nodes):
             self._sources[p] = cluster.source(p)
         self._refresh_tables()
@@ -204,6 +206,8 @@ class Client:
 
     def _logged(self, p, writes) -> "_Write":
         """A write to node p, kept in the redo log from before it is sent until its parity is safe."""
+        if self._writer is None:
+            self._writer = self.cluster.writer_id()  # replacements wait for this writer's replays
         self._cseq += 1
         entry = _Write(writes, self.cid, self._cseq)
         self._log[p].append(entry)
@@ -261,7 +265,7 @@ class Client:
         for p, request in pending.items():
             try:
                 reply, out = self._check_reply(p, *request.wait(DEADLINE))
-            except (NodeDown, NotRebuilt):
+            except (NodeDown, NotRebuilt, Replaying):
                 continue
             done[p] = reply["seq"] if "seq" in reply else out
         return done
@@ -478,12 +482,21 @@ class Client:
     def _call(self, p, header, arrays):
         if self._steps:
             self._finish_steps()
-        try:
-            reply = self.cluster.channel(p).call(header, arrays, DEADLINE)
-        except NodeDown as exc:
-            exc.position = p
-            raise
-        return self._check_reply(p, *reply)
+        deadline = None
+        while True:
+            try:
+                reply = self.cluster.channel(p).call(header, arrays, DEADLINE)
+            except NodeDown as exc:
+                exc.position = p
+                raise
+            try:
+                return self._check_reply(p, *reply)
+            except Replaying:  # a replacement waits for writers' replays (this client's too, once it sees it)
+                deadline = deadline or time.monotonic() + REPLAY_WAIT
+                if time.monotonic() > deadline:
+                    raise Error(f"node {p} waited for writers' replays longer than {REPLAY_WAIT} s") from None
+                time.sleep(0.002)
+                self._state(p)
 
     def _check_reply(self, p, reply, out):
         epoch = reply.get("epoch")
@@ -505,6 +518,8 @@ class Client:
             down = NodeDown(f"node {p} no longer holds its position")
             down.position = p
             raise down
+        if error == "replaying":
+            raise Replaying(reply.get("message"))
         if error == "invalid":
             raise InvalidRequest(reply["message"])
         if error:
@@ -517,16 +532,33 @@ class Client:
         return reply, out
 
     def _failover(self, p):
-        """The node this client knew at p is gone. The first client of this cluster object to notice
-        replays, in the node's order, the writes of its redo log that no parity holds: to the spare now
-        at p, or into the parity if none is left (in process, it installs that spare itself)."""
+        """The node this client knew at p is gone. The first client of this cluster object to notice takes
+        the writes of its redo log that no parity holds; they are replayed into the replacement at p,
+        together with every other writer's and in the order the dead node applied them (the replacement
+        waits for all live writers), or into the parity, in that order, when no spare is left."""
         source = self._sources.get(p)
         if self.cluster.source(p) == source:  # this client saw it fail first
             self.cluster.mark_dead(p)
         self.repair.forget(p)
-        if not self.cluster.claim_failover(source):
-            self._sources[p] = self.cluster.source(p)
-            return
+        if self.cluster.claim_failover(source):
+            self.cluster.taking.add(p)
+            try:
+                self._take_log(p, source)
+            finally:
+                self.cluster.taking.discard(p)
+        elif p in self.cluster.taking:
+            return  # met while taking p's log (its survivors are asked): that failover goes on
+        if self.cluster.source(p) is None and self.cluster.replays.get(p) and self.cluster.spares_left():
+            self.cluster.wait_replaced(p)  # replays go to the spare, not into parity its rebuild may have read
+        self._sources[p] = now = self.cluster.source(p)
+        if now is None:
+            for entry in _in_node_order(self.cluster.replays.pop(p, [])):
+                self._write_node(p, entry.writes)  # through the parity
+        elif self.cluster.claim_checkin(now):
+            self._replay(p, now)
+
+    def _take_log(self, p, source) -> None:
+        """Move the writes of p's redo log that no parity holds to the cluster's replays for p."""
         self.cluster.wait_reconciled(p)
         answers = self._ask_survivors({(q,): ({"op": "applied", "source": source}, []) for q in range(self.nodes)
                                        if q != p and self.cluster.state(q) != "dead"})
@@ -534,18 +566,45 @@ class Client:
         marks = {key[0]: reply["clients"] for key, (reply, _) in answers.items()}
         log = list(self._log[p])
         held = self._parity_held(log, marks)
-        pending = [self._unapplied(entry, marks, held) for entry in log]  # before the log lets go
+        replays = self.cluster.replays.setdefault(p, [])
+        for entry in log:  # before the log lets go
+            writes = self._unapplied(entry, marks, held)
+            if writes:
+                replay = _Write(writes, entry.cid, entry.cseq)
+                replay.seq = entry.seq  # the dead node's order
+                replays.append(replay)
         self._log[p].clear()
         for entry in log:
             entry.replayed = True
-        if self.cluster.state(p) == "dead" and self.cluster.replace(p):
-            self._refresh_tables()
-            for spec, _ in self._tables.values():
-                self._call(p, {"op": "create_table", "spec": spec.get_config()}, [])
-        self._sources[p] = self.cluster.source(p)
-        for writes in pending:
-            if writes:
-                self._write_node(p, writes)
+
+    def _replay(self, p, source) -> None:
+        """Replay this cluster object's writes for p into the replacement `source` (none: say so) and wait
+        until it applied every live writer's; they stay in the redo log under its sequence numbers."""
+        entries = _in_node_order(self.cluster.replays.pop(p, []))
+        replayer = self.cluster.writer_id()
+        header = {"op": "replay", "replayer": replayer,
+                  "entries": [[e.seq, e.cid, e.cseq, [[t, k] for t, k, _, _ in e.writes]] for e in entries]}
+        arrays = [a for e in entries for _, _, ids, values in e.writes for a in (ids, values)]
+        fresh = [_Write(e.writes, e.cid, e.cseq) for e in entries]
+        self._log[p].extend(fresh)  # if the replacement dies too, the next failover takes them
+        deadline = time.monotonic() + REPLAY_WAIT
+        while self.cluster.source(p) == source:
+            try:
+                reply, _ = self._call(p, header, arrays)
+            except NotRebuilt as exc:  # replays touch rows rebuilt first
+                self.repair.rebuild_rows(p, exc.missing)
+                continue
+            except NodeDown:
+                self._lost(p)  # if it is gone, its failover takes the replays on
+                continue
+            if reply.get("done"):
+                for entry, seq in zip(fresh, reply.get("seqs", [])):
+                    entry.seq = seq
+                return
+            if time.monotonic() > deadline:
+                raise Error(f"node {p} did not apply writers' replays within {REPLAY_WAIT} s")
+            header, arrays = {"op": "replay", "replayer": replayer, "entries": []}, []  # accepted: ask again
+            time.sleep(0.002)
 
     def _ask_survivors(self, requests: dict) -> dict:
         """`_gather`, leaving out nodes that do not answer (they died too: they hold nothing)."""
@@ -610,3 +669,14 @@ class Client:
             if todo.any():
                 out.append((table, kind, ids[todo], values[todo]))
         return out
+
+
+def _in_node_order(entries: list) -> list:
+    """Replayed writes in the order the dead node applied them; one whose reply never came goes right after
+    the write logged before it."""
+    keys, last = [], 0
+    for n, entry in enumerate(entries):
+        if entry.seq is not None:
+            last = entry.seq
+        keys.append((entry.seq if entry.seq is not None else last, entry.seq is None, n))
+    return [entries[n] for *_, n in sorted(keys)]

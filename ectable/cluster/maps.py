@@ -6,6 +6,8 @@ file (`ectable.connect`). Clusters started from Python are in `process/local.py`
 """
 from __future__ import annotations
 
+import secrets
+import threading
 import time
 from collections import deque
 
@@ -21,6 +23,7 @@ from .store import ClusterStore, open_store
 
 MAP_RECHECK = 0.2  # seconds between map reads while a request waits on a node
 DEATH_WAIT = 10.0  # how long a client waits for a node it could not reach to be failed over
+WRITER_TTL = 3.0  # a writer whose lease was not kept alive this long is not waited for by replacements
 
 
 class ClusterMap:
@@ -29,7 +32,10 @@ class ClusterMap:
     def __init__(self, config: ClusterConfig):
         self.config = config
         self.redo_log = [deque() for _ in range(config.nodes)]  # clients' writes per position, until durable
+        self.replays: dict[int, list] = {}  # position -> writes taken from a dead node's log, not replayed yet
         self._failed_over: set = set()
+        self._checked_in: set = set()
+        self.taking: set[int] = set()  # positions whose redo log a failover is taking now
 
     epoch = 0  # maps that change are kept in a membership store (see StoredMap)
     rebuilds_itself = False  # True: rebuilding nodes pull their rows; else clients push them in step()
@@ -43,6 +49,20 @@ class ClusterMap:
             return False
         self._failed_over.add(source)
         return True
+
+    def claim_checkin(self, source) -> bool:
+        """True for the first client to see a replacement `source`: it replays this cluster object's
+        writes into it (or tells it there are none)."""
+        if source is None or source in self._checked_in:
+            return False
+        self._checked_in.add(source)
+        return True
+
+    writer = "local"  # what names this object's writes to replacements (see StoredMap.writer_id)
+
+    def writer_id(self) -> str:
+        """This object's name as a writer, registered before its first write."""
+        return self.writer
 
     def rebuilt(self, p: int) -> None:
         """The node at p reported nothing left to rebuild."""
@@ -158,12 +178,27 @@ class StoredMap:
     def mark_rebuilding(self, p: int) -> None:
         self._rebuilding.add(self._map.sources[p])
 
+    writer: str | None = None
+    _writer_lease: int | None = None
+
+    def writer_id(self) -> str:
+        """Registered in the store under a lease the first time: a replacement node then waits for this
+        object's replays (its clients' writes the dead node applied) before serving anyone."""
+        if self.writer is None:
+            writer = f"{secrets.token_hex(8)}"
+            self._writer_lease = self._keep_writer(writer)
+            self.writer = writer
+        return self.writer
+
+    def _keep_writer(self, writer: str) -> int:
+        """Register `writer` under a lease that lasts as long as this object; the lease."""
+        lease = self.store.membership.grant(3600.0)  # in process: the writer lives as long as the nodes
+        self.store.register_writer(writer, lease)
+        return lease
+
     def rebuilt(self, p: int) -> None:
         """Its rebuild is done: trust the map again (its presence says so within a keep-alive)."""
         self._rebuilding.discard(self._map.sources[p])
-
-    def replace(self, p: int) -> bool:
-        return False  # the decider puts spares in place
 
     def spares_left(self) -> int:
         return self._spares
@@ -188,6 +223,14 @@ class ZmqStoredMap(StoredMap):
     def _open_channel(self, endpoint: str) -> ZmqChannel:
         return ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint))
 
+    def _keep_writer(self, writer: str) -> int:
+        """A thread keeps the lease alive (over a connection of its own) until this object closes."""
+        keeper = _WriterLease(self.store.membership.endpoints, self.store, writer)
+        lease = keeper.lease
+        keeper.start()
+        self._keeper = keeper
+        return lease
+
     def _answers(self, p: int) -> bool:
         try:
             channel = ZmqChannel(self._map.endpoints[p], self.context, self.curve, connect_timeout=0.2)
@@ -198,7 +241,12 @@ class ZmqStoredMap(StoredMap):
         except Error:
             return False
 
+    _keeper = None
+
     def _detach(self) -> None:
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
@@ -225,3 +273,34 @@ class RemoteCluster(ZmqStoredMap, ClusterMap):
     def close(self) -> None:
         if self.context is not None:
             self._detach()
+
+
+class _WriterLease(threading.Thread):
+    """Keeps a writer's registration alive every WRITER_TTL / 6 s; revokes it on close."""
+
+    def __init__(self, endpoints: list[str], store: ClusterStore, writer: str):
+        super().__init__(name="writer-lease", daemon=True)
+        from ..membership.etcd import EtcdMembership
+        self.store = ClusterStore(EtcdMembership(endpoints), store.prefix)
+        self.lease = self.store.membership.grant(WRITER_TTL)
+        self.store.register_writer(writer, self.lease)
+        self.writer = writer
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(WRITER_TTL / 6):
+            try:
+                if not self.store.membership.keepalive(self.lease):  # it expired (the store was away): again
+                    self.lease = self.store.membership.grant(WRITER_TTL)
+                    self.store.register_writer(self.writer, self.lease)
+            except MembershipUnavailable:
+                pass
+
+    def close(self) -> None:
+        self.halt.set()
+        self.join(2)
+        try:
+            self.store.membership.revoke(self.lease)
+        except Exception:  # the store is away: the lease expires on its own
+            pass
+        self.store.membership.close()

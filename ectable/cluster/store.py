@@ -4,6 +4,8 @@
     <prefix>/alive/<endpoint> a node process's presence, under its lease: who it is, where it is,
                               whether it rebuilds; gone when the process dies (its lease expires)
     <prefix>/decider          the failover decider that acts now, under its lease
+    <prefix>/writers/<id>     a writer (a process's cluster object whose clients write), under its
+                              lease: a spare waits for every live writer to replay before serving
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class ClusterStore:
         self.map_key = f"{self.prefix}/map"
         self.alive_prefix = f"{self.prefix}/alive/"
         self.decider_key = f"{self.prefix}/decider"
+        self.writers_prefix = f"{self.prefix}/writers/"
 
     # -- the map -----------------------------------------------------------
     def read_map(self) -> Map | None:
@@ -52,6 +55,15 @@ class ClusterStore:
     def withdraw(self, endpoint: str) -> None:
         """The node at `endpoint` is known to be dead (its parent saw it exit): fail it over now."""
         self.membership.txn([], [Delete(self.alive_prefix + endpoint)])
+
+    # -- writers -----------------------------------------------------------
+    def register_writer(self, writer: str, lease: int) -> None:
+        self.membership.put(self.writers_prefix + writer, b"", lease)
+
+    def writers(self) -> set[str]:
+        """The writers alive now."""
+        kvs, _ = self.membership.range(self.writers_prefix)
+        return {kv.key[len(self.writers_prefix):] for kv in kvs}
 
     # -- election ----------------------------------------------------------
     def campaign(self, name: str, lease: int) -> bool:

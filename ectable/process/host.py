@@ -67,6 +67,8 @@ class NodeHost:
             except (TypeError, ValueError, KeyError) as exc:
                 return {"error": "invalid", "message": f"bad map: {exc}"}
             self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")), lazy_close=self.lazy_close)
+            if self.node.rebuilding:  # a replacement: writers replay what the dead node applied first
+                self.node.expect_replays(self.writers())
             self.announce()  # before the decider hears of it: it then expects this identity
         if self.node is None:
             return {"source": None}
@@ -118,6 +120,10 @@ class NodeHost:
 
     def _connect(self, target: int) -> None:
         """A live peer: a transport may connect to it now, so the first window's deltas need not wait."""
+
+    def writers(self) -> set[str]:
+        """The writers alive now (see `ClusterStore.writers`), where the host can tell."""
+        return set()
 
     def announce(self) -> None:
         """Publish who this node is now (its presence in the cluster's store), where the host keeps one."""

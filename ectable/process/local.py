@@ -183,6 +183,9 @@ class InProcessHost(NodeHost):
             self.store.announce(self.endpoint, info, self.lease)
             self.announced = info
 
+    def writers(self) -> set[str]:
+        return self.store.writers()
+
     def kill(self) -> None:
         self.alive, self.node = False, None
         self.store.membership.revoke(self.lease)

@@ -73,6 +73,14 @@ class NodeServer(NodeHost):
         if self.presence is not None:
             self.presence.announce()
 
+    def writers(self) -> set[str]:
+        if self.presence is None:
+            return set()
+        try:
+            with self.presence.lock:
+                return self.presence.store.writers()
+        except MembershipUnavailable:
+            return set(self.presence.writers or ())  # as last read
     def rebuild(self) -> None:
         """While this node is rebuilding, a rebuilder thread pulls what it lacks (restarted if it stops)."""
         node = self.node
@@ -126,6 +134,8 @@ class NodeServer(NodeHost):
             self.resend()
             if self.presence is not None:
                 self.follow_map(self.presence.map)  # the newest map its thread read
+                if self.node is not None and self.node.replay_from is not None and self.presence.writers is not None:
+                    self.node.keep_replayers(self.presence.writers)
             self.rebuild()
             if busy and self.node is not None and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
@@ -269,6 +279,7 @@ class _Presence(threading.Thread):
         self.lease: int | None = None
         self.announced: dict | None = None
         self.map = None  # the newest map read
+        self.writers: set[str] | None = None  # the writers alive at the last read
 
     def announce(self) -> None:
         """Publish this node's presence now if it changed (from any thread)."""
@@ -294,6 +305,7 @@ class _Presence(threading.Thread):
                 latest = self.store.read_map()
                 if latest is not None:
                     self.map = latest
+                self.writers = self.store.writers()
             except MembershipUnavailable:
                 pass  # the store is away: keep trying; the lease tells the others
             self.stop.wait(HEARTBEAT)

@@ -22,6 +22,8 @@ from .table import TableSpec
 
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
 SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long
+REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' replays
+HELD_FOR_REPLAYS = {"get_many", "write"}  # and uncommitted gets: what clients read and write
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
 
@@ -61,6 +63,11 @@ class Node:
         self.queued_rows = 0
         self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
         self.skipped_from: dict[str, int] = {}  # source -> first seq since which `skipped` is complete
+        self.replay_from: set[str] | None = None  # writers whose replays a replacement still waits for
+        self.replay_deadline = 0.0
+        self.replay_buffer: list = []  # (dead node's seq, arrival, replayer, entry number, cid, cseq, writes)
+        self.replayed: set[str] = set()  # writers that replayed here
+        self.replay_seqs: dict[str, dict] = {}  # replayer -> entry number -> this node's seq for it
 
     # -- dispatch --------------------------------------------------------
     def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
@@ -74,6 +81,10 @@ class Node:
                 raise InvalidRequest(f"unknown op {op!r}")
             if header.get("node") not in (None, self.source):  # meant for another incarnation of this position
                 return {"error": "not_member", "message": f"this is {self.source}, not {header['node']}"}, []
+            if self.replay_from is not None and (op in HELD_FOR_REPLAYS or op == "get" and not header.get("committed")):
+                self._maybe_end_replays()
+                if self.replay_from is not None:
+                    return {"error": "replaying", "message": f"waiting for {len(self.replay_from)} writers' replays"}, []
             if self.close_pending and op not in LEAVES_WINDOW_OPEN:
                 self.close_window()
             if op in READS_PARITY and self.queued:
@@ -156,15 +167,22 @@ class Node:
     def op_write(self, header, arrays):
         """Writes to several tables as one request: header "parts" = [[table, "put" | "apply_gradient"], ...],
         arrays (ids, values) per part. Everything is checked before anything changes."""
-        parts = header.get("parts")
-        if not isinstance(parts, list) or not all(isinstance(x, list) and len(x) == 2 for x in parts):
-            raise InvalidRequest("write needs parts [[table, kind], ...]")
         cid, cseq = header.get("cid"), header.get("cseq")
         if not (isinstance(cid, str) and len(cid) <= 64 and isinstance(cseq, int)):
             cid = cseq = None
         elif cseq <= self.client_marks.get(cid, 0):  # a retry of a write applied here: apply it once
             last, seq = self.client_writes.get(cid, (0, 0))
             return {"seq": seq if cseq == last else self.write_seq, "duplicate": True}, []
+        work = self._writes(header.get("parts"), arrays)
+        self._need_rebuilt([(shard, ids) for shard, _, ids, _ in work])  # refuse before any change
+        seq = self._apply_write(work, cid, cseq)
+        self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
+        return {"seq": seq}, []
+
+    def _writes(self, parts, arrays) -> list:
+        """[(shard, kind, ids, values)] of a write's parts and arrays, all checked."""
+        if not isinstance(parts, list) or not all(isinstance(x, list) and len(x) == 2 for x in parts):
+            raise InvalidRequest("write needs parts [[table, kind], ...]")
         self._arrays(arrays, 2 * len(parts))
         work = []
         for n, (table, kind) in enumerate(parts):
@@ -176,19 +194,78 @@ class Node:
             values = validate.rows(shard.spec.name, arrays[2 * n + 1], ids.size, shard.dim,
                                    "rows" if kind == "put" else "gradients")
             work.append((shard, kind, ids, values))
-        self._need_rebuilt([(shard, ids) for shard, _, ids, _ in work])  # refuse before any change
-        work = [(shard.put if kind == "put" else shard.apply_gradient, ids, values) for shard, kind, ids, values in work]
+        return work
+
+    def _apply_write(self, work, cid, cseq) -> int:
+        """Apply checked writes as this node's next write; its sequence number."""
         if self.write_seq == self.closed_upto:
             self.window_opened = self.clock()  # the window's age counts from its first write
-        for apply, ids, values in work:
-            apply(ids, values)
+        for shard, kind, ids, values in work:
+            (shard.put if kind == "put" else shard.apply_gradient)(ids, values)
         self.write_seq += 1
-        seq = self.write_seq
         if cid is not None:
-            self.client_marks[cid] = cseq  # this client's writes so far (they arrive in order)
-            self.client_writes[cid] = (cseq, seq)
-        self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
-        return {"seq": seq}, []
+            self.client_marks[cid] = max(cseq, self.client_marks.get(cid, 0))  # this client's writes so far
+            self.client_writes[cid] = (cseq, self.write_seq)
+        return self.write_seq
+
+    # -- replays into a replacement ---------------------------------------
+    def expect_replays(self, writers, wait: float = REPLAY_WAIT) -> None:
+        """A replacement: hold client reads and writes until every writer in `writers` replayed what the
+        dead node at this position applied and no parity holds (or `wait` seconds passed), so that the
+        replays of all writers land in the order the dead node applied them."""
+        self.replay_from = set(writers)
+        self.replay_deadline = self.clock() + wait
+        self._maybe_end_replays()
+
+    def keep_replayers(self, writers) -> None:
+        """Writers still alive: a writer that died replays nothing."""
+        if self.replay_from is not None:
+            self.replay_from &= set(writers)
+            self._maybe_end_replays()
+
+    def _maybe_end_replays(self) -> None:
+        """Apply the buffered replays once no writer is awaited (at once for a writer replaying late)."""
+        if self.replay_from is not None:
+            if self.replay_from and self.clock() < self.replay_deadline:
+                return
+            self.replay_from = None
+        if not self.replay_buffer:
+            return
+        buffered, self.replay_buffer = self.replay_buffer, []
+        buffered.sort(key=lambda e: (e[0] is None, e[0] or 0, e[1]))  # the dead node's order; unknown ones last
+        for _, _, replayer, n, cid, cseq, work in buffered:
+            self.replay_seqs.setdefault(replayer, {})[n] = self._apply_write(work, cid, cseq)
+        self._maybe_close()
+
+    def op_replay(self, header, arrays):
+        """A writer's writes that a dead node at this position applied and no parity holds: header
+        "replayer" and "entries" [[dead node's seq or None, cid, cseq, parts], ...], arrays (ids, values)
+        per part of each. Held until every live writer replayed, then applied in the dead node's order.
+        The reply says whether they are applied ("done") and, then, this node's seq for each entry."""
+        replayer, entries = header.get("replayer"), header.get("entries")
+        if not (isinstance(replayer, str) and isinstance(entries, list) and all(
+                isinstance(e, list) and len(e) == 4 and (e[0] is None or isinstance(e[0], int))
+                and isinstance(e[1], str) and isinstance(e[2], int) for e in entries)):
+            raise InvalidRequest("replay needs a replayer and entries [[seq, cid, cseq, parts], ...]")
+        if replayer not in self.replayed:
+            work, at = [], 0
+            for seq, cid, cseq, parts in entries:
+                count = 2 * len(parts) if isinstance(parts, list) else 0
+                work.append(self._writes(parts, arrays[at:at + count]))
+                at += count
+            if at != len(arrays):
+                raise InvalidRequest(f"replay carries {len(arrays)} arrays, its entries name {at}")
+            self._need_rebuilt([(shard, ids) for w in work for shard, _, ids, _ in w])
+            self.replayed.add(replayer)
+            for n, ((seq, cid, cseq, _), w) in enumerate(zip(entries, work)):
+                self.replay_buffer.append((seq, len(self.replay_buffer), replayer, n, cid, cseq, w))
+            if self.replay_from is not None:
+                self.replay_from.discard(replayer)
+        self._maybe_end_replays()
+        if self.replay_from is not None:
+            return {"done": False}, []
+        seqs = self.replay_seqs.get(replayer, {})
+        return {"done": True, "seqs": [seqs.get(n) for n in range(len(seqs))]}, []
 
     def op_sync(self, header, arrays):
         """How many of this node's deltas still wait for an acknowledgement; with "close", after closing the

@@ -1,0 +1,94 @@
+"""A replacement node holds clients' reads and writes until every live writer replayed the writes its dead
+predecessor applied, then applies them in the dead node's order (the node logic, without transport)."""
+import numpy as np
+import pytest
+
+from ectable.client.client import _in_node_order, _Write
+from ectable.config import ClusterConfig
+from ectable.storage.node import Node
+from ectable.storage.table import TableSpec
+
+SPEC = TableSpec.from_config({"name": "t", "num_rows": 40, "dim": 2, "seed": 0,
+                              "optimizer": {"name": "adagrad", "lr": 0.5, "eps": 1e-8}, "init": {"kind": "normal"}})
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def replacement(writers, clock=None):
+    node = Node(0, ClusterConfig(5, "xor", 4, 1), clock=clock or Clock())
+    node.handle({"op": "create_table", "spec": SPEC.get_config()}, [])
+    node.expect_replays(writers)
+    return node
+
+
+def entry(seq, cid, cseq, ids, grads):
+    return [seq, cid, cseq, [["t", "apply_gradient"]]], [np.array(ids, np.int64), np.array(grads, np.float32)]
+
+
+def replay(node, replayer, *entries):
+    header = {"op": "replay", "replayer": replayer, "entries": [e for e, _ in entries]}
+    return node.handle(header, [a for _, arrays in entries for a in arrays])[0]
+
+
+def rows(node, ids=(3, 6)):
+    return node.handle({"op": "get_many", "tables": ["t"]}, [np.array(ids, np.int64)])
+
+
+def test_reads_and_writes_wait_for_every_writer_then_replays_apply_in_the_dead_nodes_order():
+    node, ordered = replacement({"a", "b"}), replacement(set())
+    a1, b1, a2 = (entry(1, "A", 1, [3, 6], [[1, 2], [3, 4]]), entry(2, "B", 1, [3], [[-5, 1]]),
+                  entry(3, "A", 2, [3, 6], [[2, 2], [1, 1]]))
+    assert replay(node, "a", a1, a2) == {"done": False, "durable": 0}
+    assert rows(node)[0]["error"] == "replaying"
+    assert node.handle({"op": "write", "parts": [["t", "put"]]}, [])[0]["error"] == "replaying"
+    assert replay(node, "b", b1)["done"]
+    for e in (a1, b1, a2):  # what the dead node did
+        header, arrays = e
+        assert "seq" in ordered.handle({"op": "write", "parts": header[3]}, arrays)[0]
+    np.testing.assert_array_equal(rows(node)[1][0], rows(ordered)[1][0])
+    assert replay(node, "a")["seqs"] == [1, 3]  # asked again: this node's seq of each of its entries
+    assert node.client_marks == {"A": 2, "B": 1}
+
+
+def test_a_writer_that_does_not_replay_in_time_is_not_waited_for():
+    clock = Clock()
+    node = replacement({"a", "gone"}, clock)
+    replay(node, "a", entry(1, "A", 1, [3], [[1, 1]]))
+    assert rows(node)[0]["error"] == "replaying"
+    node.keep_replayers({"a"})  # "gone" lost its lease
+    assert "error" not in rows(node)[0]
+    node = replacement({"slow"}, clock)
+    clock.now += 60
+    assert "error" not in rows(node)[0]
+
+
+@pytest.mark.parametrize("header, arrays", [
+    ({"op": "replay", "entries": []}, []),
+    ({"op": "replay", "replayer": "a", "entries": [[1, "A", 1]]}, []),
+    ({"op": "replay", "replayer": "a", "entries": [["x", "A", 1, [["t", "apply_gradient"]]]]}, []),
+    ({"op": "replay", "replayer": "a", "entries": [[1, "A", 1, [["t", "apply_gradient"]]]]}, []),
+    ({"op": "replay", "replayer": "a", "entries": [[1, "A", 1, [["t", "apply_gradient"]]]]},
+     [np.array([99]), np.zeros((1, 2), np.float32)]),
+    ({"op": "replay", "replayer": "a", "entries": [[1, "A", 1, [["t", "apply_gradient"]]]]},
+     [np.array([3]), np.full((1, 2), np.nan, np.float32)]),
+    ({"op": "replay", "replayer": "a", "entries": [[1, "A", 1, [["nope", "put"]]]]},
+     [np.array([1]), np.zeros((1, 2), np.float32)]),
+    ({"op": "replay", "replayer": "a", "entries": []}, [np.array([1])]),
+])
+def test_bad_replays_are_refused_and_change_nothing(header, arrays):
+    node = replacement({"a"})
+    assert node.handle(header, arrays)[0]["error"] == "invalid"
+    assert node.replay_from == {"a"} and not node.replay_buffer and "a" not in node.replayed
+
+
+def test_replays_sort_into_the_dead_nodes_order_unanswered_ones_after_their_predecessor():
+    entries = []
+    for seq in (7, None, 3, 9, None):
+        entries.append(_Write([], "c", len(entries)))
+        entries[-1].seq = seq
+    assert [e.cseq for e in _in_node_order(entries)] == [2, 0, 1, 3, 4]
