@@ -9,7 +9,8 @@ import numpy as np
 from ..config import DEADLINE
 from ..errors import Error, InvalidRequest, NodeDown, Replaying, StaleCut, Unavailable
 from .repair import Repair
-from ..protocol import validate
+from ..protocol import messages as m, validate
+from ..protocol.messages import ErrorCode
 from ..storage.shard import NotRebuilt
 from ..storage.table import TableSpec
 
@@ -71,7 +72,7 @@ class Client:
                                       "init": {"kind": init, **init_args}})
         if name in self._tables and self._tables[name][0] != spec:
             raise InvalidRequest(f"table {name!r} exists with a different definition")
-        header = {"op": "create_table", "spec": spec.get_config()}  # nodes compute initial parity: in parallel
+        header = m.CreateTable(spec=spec.get_config()).header()  # nodes compute initial parity: in parallel
         pending = self._positions()
         while pending:  # a node that dies meanwhile is failed over; what stands at its position gets the table
             failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
@@ -97,7 +98,7 @@ class Client:
     def _refresh_tables(self):
         for p in range(self.nodes):
             if self.cluster.state(p) == "up":
-                for config in self._call(p, {"op": "tables"}, [])[0]["tables"]:
+                for config in self._call(p, m.Tables().header(), [])[0]["tables"]:
                     self._remember(TableSpec.from_config(config))
                 return
 
@@ -114,7 +115,7 @@ class Client:
             uniq, inverse = np.unique(validate.ids(table, ids, spec.num_rows), return_inverse=True)
             plan[table] = (uniq, inverse.reshape(-1), np.empty((uniq.size, spec.dim), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
-        done = self._fan_out({p: ({"op": "get_many", "tables": [t for t, _, _ in ps]}, [ids for _, ids, _ in ps])
+        done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps]).header(), [ids for _, ids, _ in ps])
                               for p, ps in parts.items()})
         for p, ps in parts.items():
             rows = done[p] if p in done else self._read_node(p, {table: ids for table, ids, _ in ps})
@@ -129,7 +130,7 @@ class Client:
             if self._state(p) == "dead":
                 out = self.repair.read_many(ids)
                 return [out[t] if records else np.ascontiguousarray(out[t][:, : self._table(t)[0].dim]) for t in ids]
-            return self._call(p, {"op": "get_many", "tables": list(ids), "records": records}, list(ids.values()))[1]
+            return self._call(p, m.GetMany(tables=list(ids), records=records).header(), list(ids.values()))[1]
         return self._with_failover(p, attempt)
 
     def _with_failover(self, p, attempt):
@@ -215,8 +216,8 @@ class Client:
 
     @staticmethod
     def _write_request(entry):
-        header = {"op": "write", "parts": [[table, kind] for table, kind, _, _ in entry.writes],
-                  "cid": entry.cid, "cseq": entry.cseq}
+        header = m.Write(parts=[[table, kind] for table, kind, _, _ in entry.writes], cid=entry.cid,
+                         cseq=entry.cseq).header()
         return header, [a for _, _, ids, values in entry.writes for a in (ids, values)]
 
     def _write_node(self, p, writes, entry=None):
@@ -313,7 +314,7 @@ class Client:
         self._finish_steps()
         for p in self._positions():
             try:
-                self._steps[p] = self.cluster.channel(p).start({"op": "step"}, [])
+                self._steps[p] = self.cluster.channel(p).start(m.Step().header(), [])
             except NodeDown:
                 self._lost(p)
         if wait:
@@ -341,7 +342,7 @@ class Client:
             busy = []
             for p in self._positions():
                 key = (p, self._sources.get(p))
-                reply = self._try(p, {"op": "sync", "close": True} if close and key not in closed else {"op": "sync"})
+                reply = self._try(p, m.Sync(close=close and key not in closed).header())
                 if reply is None:  # no answer: it died and was failed over, or it did not answer in time
                     if close and self._state(p) != "dead":
                         busy.append(p)
@@ -362,7 +363,7 @@ class Client:
             try:
                 if self._state(p) == "dead":
                     raise NodeDown(f"node {p} is dead")
-                node = self._call(p, {"op": "status"}, [])[0]["status"]
+                node = self._call(p, m.Status().header(), [])[0]["status"]
                 node["health"] = "up"
             except NodeDown:
                 node = {"position": p, "role": "dead", "health": "down"}
@@ -433,7 +434,7 @@ class Client:
 
     def _rebuild_left(self, p) -> int:
         """Rows node p still has to rebuild (0 if it died meanwhile: it is failed over)."""
-        reply = self._try(p, {"op": "status"})
+        reply = self._try(p, m.Status().header())
         if reply is not None and reply[0]["status"].get("rebuild_lost"):  # its rebuilder met rows lost for good
             raise Unavailable(f"node {p} cannot be rebuilt whole: {reply[0]['status']['rebuild_lost']}")
         left = reply[0]["status"]["rebuild_missing"] if reply is not None else 0
@@ -503,24 +504,24 @@ class Client:
         if isinstance(epoch, int) and epoch > self.cluster.epoch:
             self.cluster.refresh()  # the map changed: the next _state() fails over what moved
         error = reply.get("error")
-        if error == "not_rebuilt":
+        if error == ErrorCode.NOT_REBUILT:
             names = reply.get("tables")
             missing = dict(zip(names, out[1:])) if isinstance(names, list) and len(names) == len(out) - 1 else None
             exc = NotRebuilt(reply["table"], out[0], "parity" if reply.get("kind") == "parity" else "data", missing)
             exc.position = p
             raise exc
-        if error == "stale_cut":
+        if error == ErrorCode.STALE_CUT:
             stale = StaleCut(reply.get("message"))
             stale.behind = bool(reply.get("behind"))
             raise stale
-        if error == "not_member":  # it was declared dead while away and waits as a spare now
+        if error == ErrorCode.NOT_MEMBER:  # it was declared dead while away and waits as a spare now
             self.cluster.refresh()
             down = NodeDown(f"node {p} no longer holds its position")
             down.position = p
             raise down
-        if error == "replaying":
+        if error == ErrorCode.REPLAYING:
             raise Replaying(reply.get("message"))
-        if error == "invalid":
+        if error == ErrorCode.INVALID:
             raise InvalidRequest(reply["message"])
         if error:
             raise Error(f"node {p}: {reply.get('message')}")
@@ -560,7 +561,7 @@ class Client:
     def _take_log(self, p, source) -> None:
         """Move the writes of p's redo log that no parity holds to the cluster's replays for p."""
         self.cluster.wait_reconciled(p)
-        answers = self._ask_survivors({(q,): ({"op": "applied", "source": source}, []) for q in range(self.nodes)
+        answers = self._ask_survivors({(q,): (m.Applied(source=source).header(), []) for q in range(self.nodes)
                                        if q != p and self.cluster.state(q) != "dead"})
         # per survivor: the last write of each client from the dead node that it holds
         marks = {key[0]: reply["clients"] for key, (reply, _) in answers.items()}
@@ -582,8 +583,8 @@ class Client:
         until it applied every live writer's; they stay in the redo log under its sequence numbers."""
         entries = _in_node_order(self.cluster.replays.pop(p, []))
         replayer = self.cluster.writer_id()
-        header = {"op": "replay", "replayer": replayer,
-                  "entries": [[e.seq, e.cid, e.cseq, [[t, k] for t, k, _, _ in e.writes]] for e in entries]}
+        header = m.Replay(replayer=replayer, entries=[[e.seq, e.cid, e.cseq, [[t, k] for t, k, _, _ in e.writes]]
+                                                     for e in entries]).header()
         arrays = [a for e in entries for _, _, ids, values in e.writes for a in (ids, values)]
         fresh = [_Write(e.writes, e.cid, e.cseq) for e in entries]
         self._log[p].extend(fresh)  # if the replacement dies too, the next failover takes them
@@ -603,7 +604,7 @@ class Client:
                 return
             if time.monotonic() > deadline:
                 raise Error(f"node {p} did not apply writers' replays within {REPLAY_WAIT} s")
-            header, arrays = {"op": "replay", "replayer": replayer, "entries": []}, []  # accepted: ask again
+            header, arrays = m.Replay(replayer=replayer, entries=[]).header(), []  # accepted: ask again
             time.sleep(0.002)
 
     def _ask_survivors(self, requests: dict) -> dict:
@@ -645,7 +646,7 @@ class Client:
                     for q in set(np.unique(holders).tolist()) & marks.keys():
                         asks.setdefault((q, table), []).append(stripes[holders == q])
         stripes = {key: np.unique(np.concatenate(parts)) for key, parts in asks.items()}
-        answers = self._ask_survivors({key: ({"op": "holds", "table": key[1]}, [s]) for key, s in stripes.items()})
+        answers = self._ask_survivors({key: (m.Holds(table=key[1]).header(), [s]) for key, s in stripes.items()})
         return {key: (stripes[key], arrays[0].astype(bool)) for key, (_, arrays) in answers.items()}
 
     def _unapplied(self, entry, marks, held):

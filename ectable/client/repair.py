@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from ..errors import Error, NodeDown, StaleCut, Unavailable
+from ..protocol.messages import Delta, Get, GetParity, Missing, Restore, Status
 from ..storage.shard import NotRebuilt
 
 _repairers = itertools.count(1)
@@ -130,11 +131,11 @@ class Repair:
                 rows, cols = np.nonzero(mine[:, :k])
                 if rows.size:
                     requests[(node, "data", table)] = (
-                        {"op": "get", "table": table, "committed": True, "records": True}, [stripes[rows] * k + cols])
+                        Get(table=table, committed=True, records=True).header(), [stripes[rows] * k + cols])
                     where[(node, "data", table)] = (rows, cols)
                 rows, cols = np.nonzero(mine[:, k:])
                 if rows.size:
-                    requests[(node, "parity", table)] = ({"op": "get_parity", "table": table}, [stripes[rows]])
+                    requests[(node, "parity", table)] = (GetParity(table=table).header(), [stripes[rows]])
                     where[(node, "parity", table)] = (rows, k + cols)
         for (node, kind, table), (reply, arrays) in self.client._gather(requests).items():
             cut = cuts[table]
@@ -212,15 +213,15 @@ class Repair:
         ids, delta = ids[order], delta[order]
         seq = self._next_seq.get(target, 0) + 1
         self._next_seq[target] = seq
-        header = {"op": "delta", "source": self.source, "seq": seq, "tables": [table]}
+        header = Delta(source=self.source, seq=seq, tables=[table]).header()
         self.client._call(target, header, [ids, delta])
 
     # -- rebuilding a replacement ----------------------------------------
     def rebuild_rows(self, position: int, ids: dict) -> None:
         """Rebuild data rows ({table: ids}) of the node at `position` now (touched before their turn)."""
         rows = self.read_many(ids, skip=position)
-        self.client._gather({(position, table): ({"op": "restore", "table": table, "kind": "data",
-                                                  "node": self._node(position)}, [ids[table], rows[table]])
+        self.client._gather({(position, table): (Restore(table=table, kind="data", node=self._node(position)).header(),
+                                                  [ids[table], rows[table]])
                              for table in ids})
 
     def _node(self, position: int) -> str | None:
@@ -238,8 +239,8 @@ class Repair:
             rows = np.ascontiguousarray(blocks[np.arange(stripes[table].size), slot])
             cut = {source: int(sent.get(str(position), 0)) for source, sent, _ in senders.values()}
             marks = {source: m for source, _, m in senders.values()}  # which writes the rebuilt rows hold
-            header = {"op": "restore", "table": table, "kind": "parity", "cut": cut, "generation": generation,
-                      "node": self._node(position), "marks": marks}
+            header = Restore(table=table, kind="parity", cut=cut, generation=generation, node=self._node(position),
+                             marks=marks).header()
             wait, deadline = 0.001, time.monotonic() + 5.0
             while True:
                 try:
@@ -253,7 +254,7 @@ class Repair:
 
     def rebuild_step(self, position: int, budget: int) -> int:
         """Rebuild up to `budget` rows and parity rows of the node at `position`; returns how many remain."""
-        reply, arrays = self.client._call(position, {"op": "missing", "limit": budget, "node": self._node(position)}, [])
+        reply, arrays = self.client._call(position, Missing(limit=budget, node=self._node(position)).header(), [])
         generation = reply.get("generation", 0)
         data = {table: arrays[2 * t] for t, table in enumerate(reply["tables"]) if arrays[2 * t].size}
         if data:
@@ -261,7 +262,7 @@ class Repair:
         parity = {table: arrays[2 * t + 1] for t, table in enumerate(reply["tables"]) if arrays[2 * t + 1].size}
         if parity:
             self._rebuild_parity(position, parity, generation)
-        left = self.client._call(position, {"op": "status"}, [])[0]["status"]["rebuild_missing"]
+        left = self.client._call(position, Status().header(), [])[0]["status"]["rebuild_missing"]
         if left == 0:
             self.client.cluster.rebuilt(position)
         return left

@@ -29,6 +29,7 @@ import numpy as np
 from ..config import ClusterConfig
 from ..errors import Error
 from ..membership import LeaseNotFound
+from ..protocol.messages import Applied, CreateTable, Holds, Invalidate, MapUpdate, Tables
 from ..storage.table import TableSpec
 from . import plans
 from .map import Map
@@ -107,7 +108,7 @@ class Decider:
         return written
 
     def map_header(self, m: Map, **extra) -> dict:
-        return {"op": "map", "token": self.token, **m.view(), **extra}
+        return MapUpdate(token=self.token, **m.view(), **extra).header()
 
     def broadcast(self, m: Map) -> None:
         """The map to every live node (one that does not answer learns it from the store)."""
@@ -124,14 +125,14 @@ class Decider:
         """The tables' definitions, from any up node (None: none answered)."""
         for p in m.live():
             if m.states[p] == "up":
-                ok, _ = self._ask({m.endpoints[p]: ({"op": "tables"}, [])})
+                ok, _ = self._ask({m.endpoints[p]: (Tables().header(), [])})
                 if ok:
                     return ok[m.endpoints[p]][0]["tables"]
         return None
 
     def _reconcile(self, m: Map, p: int, source: str) -> bool:
         survivors = m.live()
-        ok, failed = self._ask({m.endpoints[q]: ({"op": "applied", "source": source}, []) for q in survivors})
+        ok, failed = self._ask({m.endpoints[q]: (Applied(source=source).header(), []) for q in survivors})
         if failed:
             return self._unanswered(m, failed)
         score = np.full(m.nodes, -1, dtype=np.int64)  # how much of p's writes each survivor's parity holds
@@ -169,11 +170,11 @@ class Decider:
         stripes, holders = plans.reconcile_stripes(layout, p)
         rebuilding = [int(q) for q in np.unique(holders) if m.states[q] == "rebuilding"]
         rows = {q: (holders == q).any(axis=1) for q in rebuilding}
-        ok, failed = self._ask({m.endpoints[q]: ({"op": "holds", "table": table}, [stripes[rows[q]]]) for q in rebuilding})
+        ok, failed = self._ask({m.endpoints[q]: (Holds(table=table).header(), [stripes[rows[q]]]) for q in rebuilding})
         has = {q: ok[m.endpoints[q]][1][0].astype(bool) if m.endpoints[q] in ok else np.zeros(rows[q].sum(), bool)
                for q in rebuilding}
         stale = plans.stale_parity(stripes, holders, score, has)
-        ok, failed = self._ask({m.endpoints[q]: ({"op": "invalidate", "table": table}, [s]) for q, s in stale.items()})
+        ok, failed = self._ask({m.endpoints[q]: (Invalidate(table=table).header(), [s]) for q, s in stale.items()})
         for q in stale:
             if m.endpoints[q] in ok:
                 generation = max(m.generations[q], ok[m.endpoints[q]][0].get("generation", 0))
@@ -203,7 +204,7 @@ class Decider:
                 continue
             try:
                 for spec in tables:
-                    self._call(spare, {"op": "create_table", "spec": spec})
+                    self._call(spare, CreateTable(spec=spec).header())
             except Error:
                 self._swap(m, m.replace(fenced=m.fenced + (source,)))  # it took the position, then failed
                 return True

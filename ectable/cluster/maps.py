@@ -17,6 +17,7 @@ from .. import config as cluster_config
 from ..config import ClusterConfig
 from ..errors import Error, Unavailable
 from ..membership import MembershipUnavailable
+from ..protocol.messages import Ping
 from ..transport import ZmqChannel
 from . import plans
 from .store import ClusterStore, open_store
@@ -235,7 +236,7 @@ class ZmqStoredMap(StoredMap):
         try:
             channel = ZmqChannel(self._map.endpoints[p], self.context, self.curve, connect_timeout=0.2)
             try:
-                return channel.call({"op": "ping"}, [], 0.5)[0].get("position") == p
+                return channel.call(Ping().header(), [], 0.5)[0].get("position") == p
             finally:
                 channel.close()
         except Error:

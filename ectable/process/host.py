@@ -10,6 +10,9 @@ nodes through it, so both follow maps with the same code.
 from __future__ import annotations
 
 from ..config import ENDPOINT, ClusterConfig
+from ..errors import InvalidRequest
+from ..protocol import messages
+from ..protocol.messages import ErrorCode
 from ..storage.node import Node
 
 
@@ -28,51 +31,55 @@ class NodeHost:
 
     def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
         """Answer one request: a control op here, anything else by the node."""
-        reply = self.control(header, arrays)
-        return reply if reply is not None else self.node.handle(header, arrays)
+        try:
+            msg = messages.parse(header)
+        except InvalidRequest as exc:
+            return messages.error(ErrorCode.INVALID, str(exc)), []
+        if msg.op in messages.CONTROL:
+            return self.control(msg)
+        if self.node is None:
+            return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
+        return self.node.dispatch(msg, arrays)
 
     # -- control ---------------------------------------------------------
-    def control(self, header: dict, arrays: list) -> tuple[dict, list] | None:
-        op = header.get("op")
-        if op in ("map", "shutdown", "fault") and (self.token is None or header.get("token") != self.token):
-            return {"error": "invalid", "message": f"{op} is only taken from the cluster that started this node"}, []
-        if op == "map":
-            return self.apply_map(header), []
-        if op == "ping":
+    def control(self, msg: messages.Request) -> tuple[dict, list]:
+        if msg.op in ("map", "shutdown", "fault") and (self.token is None or msg.token != self.token):
+            return messages.error(ErrorCode.INVALID, f"{msg.op} is only taken from the cluster that started this node"), []
+        if msg.op == "map":
+            return self.apply_map(msg), []
+        if msg.op == "ping":
             return {"position": None if self.node is None else self.node.position}, []
-        if op == "shutdown":
+        if msg.op == "shutdown":
             self.running = False
             return {}, []
-        if self.node is None:
-            return {"error": "not_member", "message": "this node holds no position (a spare)"}, []
-        return None
+        return messages.error(ErrorCode.INVALID, f"{msg.op} is not taken by this node"), []
 
-    def apply_map(self, header: dict) -> dict:
+    def apply_map(self, msg: messages.MapUpdate) -> dict:
         """Take a position (once), learn peers' endpoints, identities and which positions are dead."""
-        endpoints, dead = header.get("endpoints"), header.get("dead", [])
-        if not (isinstance(endpoints, list) and all(isinstance(e, str) and self.endpoint_pattern.match(e) for e in endpoints)
-                and isinstance(dead, list) and all(isinstance(d, int) and 0 <= d < len(endpoints) for d in dead)
+        endpoints, dead = msg.endpoints, msg.dead
+        if not (all(isinstance(e, str) and self.endpoint_pattern.match(e) for e in endpoints)
+                and all(isinstance(d, int) and 0 <= d < len(endpoints) for d in dead)
                 and (self.node is None or len(endpoints) == self.node.config.nodes)):
-            return {"error": "invalid", "message": "map needs tcp://host:port endpoints, one per node, and dead positions"}
-        if isinstance(header.get("epoch"), int):
-            if header["epoch"] < self.epoch:  # an older map overtaken by a newer one: keep the newer
+            return messages.error(ErrorCode.INVALID, "map needs tcp://host:port endpoints, one per node, and dead positions")
+        if msg.epoch is not None:
+            if msg.epoch < self.epoch:  # an older map overtaken by a newer one: keep the newer
                 return {"source": self.node and self.node.source}
-            self.epoch = header["epoch"]
-        if self.node is None and header.get("position") is not None:
+            self.epoch = msg.epoch
+        if self.node is None and msg.position is not None:
             try:
-                config = ClusterConfig(**header["config"])
-                position = int(header["position"])
+                config = ClusterConfig(**(msg.config or {}))
+                position = msg.position
                 if not 0 <= position < config.nodes or len(endpoints) != config.nodes:
                     raise ValueError("position or endpoints do not fit the cluster")
             except (TypeError, ValueError, KeyError) as exc:
-                return {"error": "invalid", "message": f"bad map: {exc}"}
-            self.node = Node(position, config, rebuilding=bool(header.get("rebuilding")), lazy_close=self.lazy_close)
+                return messages.error(ErrorCode.INVALID, f"bad map: {exc}")
+            self.node = Node(position, config, rebuilding=msg.rebuilding, lazy_close=self.lazy_close)
             if self.node.rebuilding:  # a replacement: writers replay what the dead node applied first
                 self.node.expect_replays(self.writers())
             self.announce()  # before the decider hears of it: it then expects this identity
         if self.node is None:
             return {"source": None}
-        sources = header.get("sources")
+        sources = msg.sources
         if not (isinstance(sources, list) and len(sources) == len(endpoints)):
             sources = [None] * len(endpoints)
         for target, endpoint in enumerate(endpoints):
@@ -85,7 +92,7 @@ class NodeHost:
                 self.sources[target] = sources[target]
         self.endpoints = endpoints
         self.dead = set(dead)
-        self.node.fenced |= {f for f in header.get("fenced", []) if isinstance(f, str)}
+        self.node.fenced |= {f for f in msg.fenced if isinstance(f, str)}
         for target in self.dead:
             self._drop_peer(target)
         for target in range(len(endpoints)):
@@ -107,7 +114,7 @@ class NodeHost:
         if self.node.source in latest.fenced:
             self.leave()
         elif latest.epoch > self.epoch:
-            self.apply_map(latest.view())
+            self.apply_map(messages.MapUpdate(**latest.view()))
 
     def leave(self) -> None:
         """This node was declared dead while it was away: drop everything and wait as a spare."""

@@ -24,6 +24,7 @@ from ..errors import Error, NodeDown
 from ..membership.memory import MemoryMembership
 from ..membership.server import EtcdServer
 from ..storage.node import Node
+from ..protocol.messages import Fault
 from .host import NodeHost
 from ..transport import InProcessChannel, ZmqChannel
 
@@ -256,7 +257,7 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
         """Arm a fault in active node i: die_before_deltas, die_after_write (SIGKILL at that point),
         duplicate_deltas, reorder_deltas, delay_deltas (value: seconds), hold_deltas_to (value: a
         position whose deltas are never sent)."""
-        self._control(self._map.endpoints[i], {"op": "fault", "token": self._token, "name": fault, "value": value})
+        self._control(self._map.endpoints[i], Fault(token=self._token, name=fault, value=value).header())
 
     def _control(self, endpoint: str, header: dict) -> None:
         channel = ZmqChannel(endpoint, self.context, self.curve)

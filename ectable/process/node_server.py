@@ -20,6 +20,8 @@ import zmq
 
 from ..cluster.store import open_store
 from ..membership import LeaseNotFound, MembershipUnavailable
+from ..protocol import messages
+from ..protocol.messages import ErrorCode
 from .host import NodeHost
 from .rebuilder import Rebuilder
 from ..transport import codec
@@ -59,15 +61,15 @@ class NodeServer(NodeHost):
         self.poller.register(self.router, zmq.POLLIN)
 
     # -- control ---------------------------------------------------------
-    def control(self, header: dict, arrays: list) -> tuple[dict, list] | None:
-        if header.get("op") == "fault":  # fault injection for tests: arm one of FAULTS
-            if self.token is None or header.get("token") != self.token:
-                return {"error": "invalid", "message": "fault is only taken from the cluster that started this node"}, []
-            if header.get("name") not in FAULTS:
-                return {"error": "invalid", "message": f"faults are {sorted(FAULTS)}"}, []
-            self.faults[header["name"]] = float(header.get("value", 1.0))
+    def control(self, msg) -> tuple[dict, list]:
+        if msg.op == "fault":  # fault injection for tests: arm one of FAULTS
+            if self.token is None or msg.token != self.token:
+                return messages.error(ErrorCode.INVALID, "fault is only taken from the cluster that started this node"), []
+            if msg.name not in FAULTS:
+                return messages.error(ErrorCode.INVALID, f"faults are {sorted(FAULTS)}"), []
+            self.faults[msg.name] = msg.value
             return {}, []
-        return super().control(header, arrays)
+        return super().control(msg)
 
     def announce(self) -> None:
         if self.presence is not None:
@@ -153,14 +155,14 @@ class NodeServer(NodeHost):
             header, arrays = codec.decode(body)
         except Exception as exc:  # Malformed, or anything a decoder bug lets through: never die of input
             self.malformed += 1
-            self._reply(identity, {"error": "malformed", "message": str(exc)}, [])
+            self._reply(identity, messages.error(ErrorCode.MALFORMED, str(exc)), [])
             return
         rid = header.get("id")
         try:
             reply = self.handle(header, arrays)
         except Exception as exc:  # a node never dies of a request
             self.malformed += 1
-            reply = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, []
+            reply = messages.error(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"), []
         if "die_after_write" in self.faults and header.get("op") == "write" and "seq" in reply[0]:
             os.kill(os.getpid(), signal.SIGKILL)  # applied, not answered, no delta sent
         out_header, out_arrays = reply
@@ -172,7 +174,7 @@ class NodeServer(NodeHost):
         try:
             self._reply(identity, {**out_header, "id": rid, "epoch": self.epoch}, out_arrays)
         except (TypeError, ValueError):
-            self._reply(identity, {"error": "internal", "message": "reply not encodable"}, [])
+            self._reply(identity, messages.error(ErrorCode.INTERNAL, "reply not encodable"), [])
 
     def _reply(self, identity, header, arrays) -> None:
         try:
@@ -244,7 +246,7 @@ class NodeServer(NodeHost):
             seq = header.get("ack")
             if isinstance(seq, int) and self.inflight.pop((target, seq), None) is not None:
                 self.node.acked(target, seq)
-            elif header.get("error") == "out_of_order":  # an earlier delta was lost: send them all again now
+            elif header.get("error") == ErrorCode.OUT_OF_ORDER:  # an earlier delta was lost: send them all again now
                 for key, (frames, _) in list(self.inflight.items()):
                     if key[0] == target:
                         self.inflight[key] = (frames, 0.0)
@@ -336,7 +338,7 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
         server.presence.announce()
         server.presence.start()
     if map_header is not None:
-        server.apply_map(map_header)
+        server.apply_map(messages.parse(map_header))
     print(f"READY {server.endpoint}", flush=True)
     profile = os.environ.get("ECTABLE_PROFILE")  # a directory: each node writes its cProfile there on exit
     if not profile:

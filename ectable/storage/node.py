@@ -16,7 +16,8 @@ import numpy as np
 
 from ..config import ClusterConfig
 from ..errors import InvalidRequest
-from ..protocol import validate
+from ..protocol import messages, validate
+from ..protocol.messages import ErrorCode
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
@@ -71,39 +72,44 @@ class Node:
 
     # -- dispatch --------------------------------------------------------
     def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
-        """Answer one request; errors become error replies and change nothing."""
+        """Answer one request header; errors become error replies and change nothing."""
         try:
-            if not isinstance(header, dict):
-                raise InvalidRequest("request header must be a map")
-            op = header.get("op")
-            method = self._ops.get(op) if isinstance(op, str) else None
+            msg = messages.parse(header)
+        except InvalidRequest as exc:
+            self.rejected += 1
+            return messages.error(ErrorCode.INVALID, str(exc)), []
+        return self.dispatch(msg, arrays)
+
+    def dispatch(self, msg: messages.Request, arrays: list) -> tuple[dict, list]:
+        """Answer one parsed request; errors become error replies and change nothing."""
+        try:
+            method = self._ops.get(msg.op)
             if method is None:
-                raise InvalidRequest(f"unknown op {op!r}")
-            if header.get("node") not in (None, self.source):  # meant for another incarnation of this position
-                return {"error": "not_member", "message": f"this is {self.source}, not {header['node']}"}, []
-            if self.replay_from is not None and (op in HELD_FOR_REPLAYS or op == "get" and not header.get("committed")):
+                raise InvalidRequest(f"a node does not take {msg.op!r}")
+            if msg.node not in (None, self.source):  # meant for another incarnation of this position
+                return messages.error(ErrorCode.NOT_MEMBER, f"this is {self.source}, not {msg.node}"), []
+            if self.replay_from is not None and (msg.op in HELD_FOR_REPLAYS or msg.op == "get" and not msg.committed):
                 self._maybe_end_replays()
                 if self.replay_from is not None:
-                    return {"error": "replaying", "message": f"waiting for {len(self.replay_from)} writers' replays"}, []
-            if self.close_pending and op not in LEAVES_WINDOW_OPEN:
+                    return messages.error(ErrorCode.REPLAYING, f"waiting for {len(self.replay_from)} writers' replays"), []
+            if self.close_pending and msg.op not in LEAVES_WINDOW_OPEN:
                 self.close_window()
-            if op in READS_PARITY and self.queued:
+            if msg.op in READS_PARITY and self.queued:
                 self.apply_queued()
-            reply, out = method(self, header, arrays)
+            reply, out = method(self, msg, arrays)
             reply.setdefault("durable", self.durable_seq)
             return reply, out
         except NotRebuilt as exc:
-            return ({"error": "not_rebuilt", "table": exc.table, "kind": exc.kind, "tables": list(exc.missing),
-                     "message": str(exc)}, [exc.ids, *exc.missing.values()])
+            return (messages.error(ErrorCode.NOT_REBUILT, str(exc), table=exc.table, kind=exc.kind,
+                                   tables=list(exc.missing)), [exc.ids, *exc.missing.values()])
         except InvalidRequest as exc:
             self.rejected += 1
-            return {"error": "invalid", "message": str(exc)}, []
+            return messages.error(ErrorCode.INVALID, str(exc)), []
         except Exception as exc:  # a node never dies of a request
             self.rejected += 1
-            return {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, []
+            return messages.error(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"), []
 
-    def _shard(self, header) -> Shard:
-        name = header.get("table")
+    def _shard(self, name) -> Shard:
         shard = self.shards.get(name) if isinstance(name, str) else None
         if shard is None:
             raise InvalidRequest(f"unknown table {name!r}")
@@ -121,8 +127,8 @@ class Node:
         return validate.ids(shard.spec.name, arr, shard.spec.num_rows)
 
     # -- ops -------------------------------------------------------------
-    def op_create_table(self, header, arrays):
-        spec = TableSpec.from_config(header.get("spec"))
+    def op_create_table(self, msg, arrays):
+        spec = TableSpec.from_config(msg.spec)
         existing = self.shards.get(spec.name)
         if existing is not None:
             if existing.spec != spec:
@@ -132,30 +138,30 @@ class Node:
         self._settle()
         return {}, []
 
-    def op_tables(self, header, arrays):
+    def op_tables(self, msg, arrays):
         return {"tables": [s.spec.get_config() for s in self.shards.values()]}, []
 
-    def op_get(self, header, arrays):
-        shard = self._shard(header)
+    def op_get(self, msg, arrays):
+        shard = self._shard(msg.table)
         (ids,) = self._arrays(arrays, 1)
         ids = self._ids(shard, ids)
-        committed = bool(header.get("committed"))
-        rows = shard.read(ids, committed=committed, records=bool(header.get("records")))
+        committed = msg.committed
+        rows = shard.read(ids, committed=committed, records=msg.records)
         if committed:  # with the deltas that carried them: a reader can check its cut against parity holders
             return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()},
                     "marks": self.closed_marks}, [rows]
         return {}, [rows]
 
-    def op_get_many(self, header, arrays):
+    def op_get_many(self, msg, arrays):
         """Rows of several tables: header "tables", one ids array per table; "records": whole records."""
-        tables = header.get("tables")
+        tables = msg.tables
         if not isinstance(tables, list):
             raise InvalidRequest("get_many needs a list of tables")
         self._arrays(arrays, len(tables))
-        work = [(self._shard({"table": t}), ids) for t, ids in zip(tables, arrays)]
+        work = [(self._shard(t), ids) for t, ids in zip(tables, arrays)]
         work = [(shard, self._ids(shard, ids)) for shard, ids in work]
         self._need_rebuilt(work)
-        return {}, [shard.read(ids, records=header.get("records") is True) for shard, ids in work]
+        return {}, [shard.read(ids, records=msg.records) for shard, ids in work]
 
     @staticmethod
     def _need_rebuilt(work) -> None:
@@ -164,16 +170,16 @@ class Node:
         if missing:
             raise NotRebuilt.of(missing)
 
-    def op_write(self, header, arrays):
+    def op_write(self, msg, arrays):
         """Writes to several tables as one request: header "parts" = [[table, "put" | "apply_gradient"], ...],
         arrays (ids, values) per part. Everything is checked before anything changes."""
-        cid, cseq = header.get("cid"), header.get("cseq")
+        cid, cseq = msg.cid, msg.cseq
         if not (isinstance(cid, str) and len(cid) <= 64 and isinstance(cseq, int)):
             cid = cseq = None
         elif cseq <= self.client_marks.get(cid, 0):  # a retry of a write applied here: apply it once
             last, seq = self.client_writes.get(cid, (0, 0))
             return {"seq": seq if cseq == last else self.write_seq, "duplicate": True}, []
-        work = self._writes(header.get("parts"), arrays)
+        work = self._writes(msg.parts, arrays)
         self._need_rebuilt([(shard, ids) for shard, _, ids, _ in work])  # refuse before any change
         seq = self._apply_write(work, cid, cseq)
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
@@ -186,7 +192,7 @@ class Node:
         self._arrays(arrays, 2 * len(parts))
         work = []
         for n, (table, kind) in enumerate(parts):
-            shard = self._shard({"table": table})
+            shard = self._shard(table)
             if kind not in ("put", "apply_gradient"):
                 raise InvalidRequest(f"table {table!r}: unknown write {kind!r}")
             ids = self._ids(shard, arrays[2 * n])
@@ -237,16 +243,14 @@ class Node:
             self.replay_seqs.setdefault(replayer, {})[n] = self._apply_write(work, cid, cseq)
         self._maybe_close()
 
-    def op_replay(self, header, arrays):
-        """A writer's writes that a dead node at this position applied and no parity holds: header
-        "replayer" and "entries" [[dead node's seq or None, cid, cseq, parts], ...], arrays (ids, values)
-        per part of each. Held until every live writer replayed, then applied in the dead node's order.
+    def op_replay(self, msg, arrays):
+        """A writer's writes that a dead node at this position applied and no parity holds
+        (`messages.Replay`). Held until every live writer replayed, then applied in the dead node's order.
         The reply says whether they are applied ("done") and, then, this node's seq for each entry."""
-        replayer, entries = header.get("replayer"), header.get("entries")
-        if not (isinstance(replayer, str) and isinstance(entries, list) and all(
-                isinstance(e, list) and len(e) == 4 and (e[0] is None or isinstance(e[0], int))
-                and isinstance(e[1], str) and isinstance(e[2], int) for e in entries)):
-            raise InvalidRequest("replay needs a replayer and entries [[seq, cid, cseq, parts], ...]")
+        replayer, entries = msg.replayer, msg.entries
+        if not all(isinstance(e, list) and len(e) == 4 and (e[0] is None or isinstance(e[0], int))
+                   and isinstance(e[1], str) and isinstance(e[2], int) for e in entries):
+            raise InvalidRequest("replay entries must be [[seq, cid, cseq, parts], ...]")
         if replayer not in self.replayed:
             work, at = [], 0
             for seq, cid, cseq, parts in entries:
@@ -267,37 +271,35 @@ class Node:
         seqs = self.replay_seqs.get(replayer, {})
         return {"done": True, "seqs": [seqs.get(n) for n in range(len(seqs))]}, []
 
-    def op_sync(self, header, arrays):
+    def op_sync(self, msg, arrays):
         """How many of this node's deltas still wait for an acknowledgement; with "close", after closing the
         window (a flush whose step did not reach this node)."""
-        if header.get("close") is True:
+        if msg.close:
             self.close_window()
         return {"unacked": len(self.unacked)}, []
 
-    def op_step(self, header, arrays):
+    def op_step(self, msg, arrays):
         if self.lazy_close:
             self.close_pending = True  # closed when idle, or before the next request that needs it
         else:
             self.close_window()
         return {}, []
 
-    def op_delta(self, header, arrays):
-        source, seq, tables = (header.get(key) for key in ("source", "seq", "tables"))
-        if not (isinstance(source, str) and isinstance(seq, int) and isinstance(tables, list)):
-            raise InvalidRequest("delta needs source, seq and tables")
+    def op_delta(self, msg, arrays):
+        source, seq, tables = msg.source, msg.seq, msg.tables
         if len(set(map(str, tables))) != len(tables):
             raise InvalidRequest("a delta names a table twice")
         if source in self.fenced:
-            return {"error": "fenced", "message": "deltas of a node declared dead are refused"}, []
+            return messages.error(ErrorCode.FENCED, "deltas of a node declared dead are refused"), []
         last = self.applied.get(source, 0)
         if seq <= last:
             return {"ack": seq}, []  # a copy of one already applied: acknowledge it again
         if seq != last + 1:  # an earlier one is still on its way: the sender resends this one
-            return {"error": "out_of_order", "message": f"expected delta {last + 1} of {source}, got {seq}"}, []
+            return messages.error(ErrorCode.OUT_OF_ORDER, f"expected delta {last + 1} of {source}, got {seq}"), []
         self._arrays(arrays, 2 * len(tables))
         work = []
         for t, name in enumerate(tables):  # check everything before changing anything
-            shard = self._shard({"table": name})
+            shard = self._shard(name)
             ids = self._ids(shard, arrays[2 * t])
             delta = arrays[2 * t + 1]
             if delta.dtype != np.uint8 or delta.shape != (ids.size, shard.width * 4):
@@ -308,7 +310,7 @@ class Node:
         if self.queued_rows > MAX_QUEUED_ROWS:
             self.apply_queued()
         self.applied[source] = seq
-        clients = header.get("clients")
+        clients = msg.clients
         if isinstance(clients, dict):
             self.applied_clients[source] = {c: v for c, v in clients.items() if isinstance(c, str) and isinstance(v, int)}
         return {"ack": seq}, []
@@ -325,50 +327,50 @@ class Node:
             while log and now - log[0][1] > SKIPPED_SECONDS:
                 self.skipped_from[source] = log.popleft()[0] + 1
 
-    def op_applied(self, header, arrays):
+    def op_applied(self, msg, arrays):
         """Per client, the last write whose delta from `source` this node holds."""
-        return {"clients": self.applied_clients.get(header.get("source"), {})}, []
+        return {"clients": self.applied_clients.get(msg.source, {})}, []
 
-    def op_holds(self, header, arrays):
+    def op_holds(self, msg, arrays):
         """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt)."""
-        shard = self._shard(header)
+        shard = self._shard(msg.table)
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
         _, local = shard.parity_slots(stripes)
         missing = shard.missing_parity
         return {}, [np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8)]
 
-    def op_get_parity(self, header, arrays):
-        shard = self._shard(header)
+    def op_get_parity(self, msg, arrays):
+        shard = self._shard(msg.table)
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
         return {"applied": dict(self.applied)}, [shard.read_parity(stripes)]
 
-    def op_restore(self, header, arrays):
+    def op_restore(self, msg, arrays):
         """Install rebuilt data records (header kind "data") or parity rows ("parity")."""
-        shard = self._shard(header)
+        shard = self._shard(msg.table)
         keys, values = self._arrays(arrays, 2)
         if shard.missing_data is None:
             return {}, []
-        cut = header.get("cut", {})
+        cut = msg.cut
         if not isinstance(cut, dict) or not all(isinstance(v, int) for v in cut.values()):
             raise InvalidRequest("restore cut must map sources to delta numbers")
-        if header.get("generation", self.generation) != self.generation or any(s in self.fenced for s in cut):
-            return {"error": "stale_cut", "message": "rows were invalidated, or a source died, since the read"}, []
+        if msg.generation not in (None, self.generation) or any(s in self.fenced for s in cut):
+            return messages.error(ErrorCode.STALE_CUT, "rows were invalidated, or a source died, since the read"), []
         behind = [s for s, seq in cut.items() if self.applied.get(s, 0) < seq]
         if behind:  # deltas the data already holds are still on their way here: try again shortly
-            return {"error": "stale_cut", "behind": True, "message": f"deltas of {behind} still on their way"}, []
+            return messages.error(ErrorCode.STALE_CUT, f"deltas of {behind} still on their way", behind=True), []
         if any(self.applied.get(s, 0) > seq and self.skipped_from.get(s, 1) > seq + 1 for s, seq in cut.items()):
-            return {"error": "stale_cut", "message": "deltas moved on further than this node remembers"}, []
+            return messages.error(ErrorCode.STALE_CUT, "deltas moved on further than this node remembers"), []
         before = shard.missing_count()
-        if header.get("kind") == "parity":
+        if msg.kind == "parity":
             keys = validate.ids(shard.spec.name, keys, shard.layout.num_stripes)
             if values.dtype != np.uint8 or values.shape != (keys.size, shard.width * 4):
                 raise InvalidRequest(f"table {shard.spec.name!r}: parity rows have the wrong shape")
             later = [(ids, delta) for source, seq in cut.items() for n, _, name, ids, delta
                      in self.skipped.get(source, ()) if n > seq and name == shard.spec.name]
             shard.restore_parity(keys, values, later)
-            marks = header.get("marks")
+            marks = msg.marks
             if isinstance(marks, dict):  # rebuilt rows hold each source's windows up to the cut: so must its marks
                 for source, m in marks.items():
                     if source in cut and source not in self.applied_clients and isinstance(m, dict):
@@ -384,9 +386,9 @@ class Node:
         self._settle()
         return {}, []
 
-    def op_invalidate(self, header, arrays):
+    def op_invalidate(self, msg, arrays):
         """Mark parity rows of `stripes` stale: they are skipped by deltas and rebuilt from data."""
-        shard = self._shard(header)
+        shard = self._shard(msg.table)
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
         shard.invalidate(stripes)
@@ -397,10 +399,10 @@ class Node:
         self.generation += 1  # restores read before this must not bring those rows back
         return {"generation": self.generation}, []
 
-    def op_missing(self, header, arrays):
+    def op_missing(self, msg, arrays):
         """Ids and stripes still to rebuild, at most `limit` of each, per table."""
         self._settle()  # a spare given no tables has nothing to rebuild
-        limit = int(header.get("limit", 1 << 16))
+        limit = msg.limit
         out, names = [], []
         for name, shard in self.shards.items():
             if shard.missing_data is not None:
@@ -409,7 +411,7 @@ class Node:
                 out += [ids, stripes]
         return {"tables": names, "generation": self.generation}, out
 
-    def op_status(self, header, arrays):
+    def op_status(self, msg, arrays):
         return {"status": self.status()}, []
 
     _ops = {name[3:]: fn for name, fn in list(locals().items()) if name.startswith("op_")}
@@ -452,8 +454,7 @@ class Node:
         for target, (names, arrays) in parts.items():
             seq = self._next_seq.get(target, 0) + 1
             self._next_seq[target] = seq
-            header = {"op": "delta", "source": self.source, "seq": seq, "tables": names,
-                      "clients": dict(self.client_marks)}
+            header = messages.Delta(source=self.source, seq=seq, tables=names, clients=dict(self.client_marks)).header()
             self.outbox.append((target, header, arrays))
             self.unacked[(target, seq)] = window
         self._advance()

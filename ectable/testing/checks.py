@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import zfec
 
+from ..protocol.messages import GetParity
+
 
 def read_records(client, table: str, ids) -> np.ndarray:
     """Whole records (weights + optimizer state) of rows, from their nodes or decoded if they are down."""
@@ -40,7 +42,7 @@ def check_parity(cluster, client) -> None:
                 valid = flat < spec.num_rows
                 data[valid] = read_records(client, table, flat[valid])
                 data = data.reshape(stripes.size, k, -1).view(np.uint8)
-                held = client._call(p, {"op": "get_parity", "table": table}, [stripes])[1][0]
+                held = client._call(p, GetParity(table=table).header(), [stripes])[1][0]
                 if config.code == "xor":
                     expect = np.bitwise_xor.reduce(data, axis=1)
                 else:

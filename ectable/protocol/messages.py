@@ -1,0 +1,274 @@
+"""Every request between clients, nodes and deciders as a typed record; error codes; header checks.
+
+A message travels as a small msgpack header ("op" and the record's fields) plus raw array frames
+(`transport/codec.py`). `Request.header()` is what a sender puts on the wire; `parse(header)` is the
+one place a receiver checks a header: an unknown op, a missing field or a field of the wrong type
+raises `InvalidRequest` naming the op and the field. Checks of array frames (ids, rows, shapes)
+are in `validate.py`. Replies are plain headers; an error reply is `error(code, message, ...)`,
+its code one of `ErrorCode`.
+
+Every request may name the node incarnation it is meant for (`node`, a source identity); a node
+answers `not_member` to one meant for another. Transports add an `id`; replies carry the node's
+map `epoch` and its `durable` write sequence.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import ClassVar
+
+from ..errors import InvalidRequest
+
+
+class ErrorCode(str, enum.Enum):
+    """What an error reply's "error" says."""
+
+    INVALID = "invalid"  # the request was refused and changed nothing
+    MALFORMED = "malformed"  # its frames did not decode
+    INTERNAL = "internal"  # the node met a bug of its own and went on
+    NOT_REBUILT = "not_rebuilt"  # rows not rebuilt yet: rebuild them, then ask again
+    STALE_CUT = "stale_cut"  # rebuilt rows refused: read them again (or, "behind", send again shortly)
+    NOT_MEMBER = "not_member"  # this node holds no position, or is another incarnation
+    OUT_OF_ORDER = "out_of_order"  # an earlier delta of this source is still on its way
+    FENCED = "fenced"  # deltas of a node declared dead are refused
+    REPLAYING = "replaying"  # a replacement waits for writers' replays: ask again shortly
+
+
+def error(code: ErrorCode, message: str, **extra) -> dict:
+    """An error reply's header."""
+    return {"error": code.value, "message": message, **extra}
+
+
+REQUESTS: dict[str, type] = {}
+
+
+class Request:
+    """A request record; subclasses are declared with `@request(op)`."""
+
+    op: ClassVar[str]
+    _checks: ClassVar[tuple]
+
+    def header(self) -> dict:
+        """The wire header: "op" and every field that is set."""
+        out = {"op": self.op}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        return out
+
+
+def request(op: str):
+    """Declare a request record for `op` (a keyword-only frozen dataclass; `node` may target one incarnation)."""
+    def declare(cls):
+        cls = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+        cls.op = op
+        hints = typing.get_type_hints(cls)
+        cls._checks = tuple((f.name, _types(hints[f.name]),
+                             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                            for f in dataclasses.fields(cls))
+        REQUESTS[op] = cls
+        return cls
+    return declare
+
+
+def _types(hint) -> tuple:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return tuple(t for arg in typing.get_args(hint) for t in _types(arg))
+    origin = typing.get_origin(hint)
+    return (origin or hint,)
+
+
+def _fits(value, allowed: tuple) -> bool:
+    if value is None:
+        return type(None) in allowed
+    if isinstance(value, bool):
+        return bool in allowed
+    if isinstance(value, int) and float in allowed:
+        return True
+    return isinstance(value, tuple(t for t in allowed if t is not type(None)))
+
+
+def parse(header) -> Request:
+    """The record a received header carries; `InvalidRequest` naming what is wrong, if anything."""
+    if not isinstance(header, dict):
+        raise InvalidRequest("request header must be a map")
+    op = header.get("op")
+    cls = REQUESTS.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise InvalidRequest(f"unknown op {op!r}")
+    values = {}
+    for name, allowed, required in cls._checks:
+        if name not in header:
+            if required:
+                raise InvalidRequest(f"{op}: field {name!r} is missing")
+            continue
+        value = header[name]
+        if not _fits(value, allowed):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+            raise InvalidRequest(f"{op}: field {name!r} must be {names}, got {type(value).__name__}")
+        values[name] = value
+    return cls(**values)
+
+
+# -- data ------------------------------------------------------------------
+@request("create_table")
+class CreateTable(Request):
+    spec: dict
+    node: str | None = None
+
+
+@request("tables")
+class Tables(Request):
+    node: str | None = None
+
+
+@request("get")
+class Get(Request):
+    """Rows of one table (arrays: ids); "committed": as of the open window's start, with the deltas
+    that carried them (for decoding); "records": weights and optimizer state."""
+    table: str
+    committed: bool = False
+    records: bool = False
+    node: str | None = None
+
+
+@request("get_many")
+class GetMany(Request):
+    """Rows of several tables (arrays: one ids array per table)."""
+    tables: list
+    records: bool = False
+    node: str | None = None
+
+
+@request("write")
+class Write(Request):
+    """Writes to several tables (arrays: ids, values per part); `parts` [[table, "put" | "apply_gradient"]];
+    `cid`/`cseq`: the client and its write number (a retry is applied once)."""
+    parts: list
+    cid: str | None = None
+    cseq: int | None = None
+    node: str | None = None
+
+
+@request("replay")
+class Replay(Request):
+    """A writer's writes that a dead node at this position applied and no parity holds:
+    `entries` [[dead node's seq or None, cid, cseq, parts], ...], arrays (ids, values) per part."""
+    replayer: str
+    entries: list
+    node: str | None = None
+
+
+@request("step")
+class Step(Request):
+    node: str | None = None
+
+
+@request("sync")
+class Sync(Request):
+    """How many deltas wait for an acknowledgement; with `close`, after closing the window."""
+    close: bool = False
+    node: str | None = None
+
+
+@request("status")
+class Status(Request):
+    node: str | None = None
+
+
+# -- parity ----------------------------------------------------------------
+@request("delta")
+class Delta(Request):
+    """Parity deltas of `source`'s window number `seq` (arrays: ids, delta bytes per table);
+    `clients`: each client's last write in it."""
+    source: str
+    seq: int
+    tables: list
+    clients: dict | None = None
+    node: str | None = None
+
+
+@request("applied")
+class Applied(Request):
+    """Per client, the last write whose delta from `source` this node holds."""
+    source: str | None = None
+    node: str | None = None
+
+
+@request("holds")
+class Holds(Request):
+    table: str
+    node: str | None = None
+
+
+@request("get_parity")
+class GetParity(Request):
+    table: str
+    node: str | None = None
+
+
+@request("restore")
+class Restore(Request):
+    """Rebuilt data records (`kind` "data"; arrays: ids, records) or parity rows ("parity"; arrays:
+    stripes, rows) read at `cut` (source -> delta number) and the node's `generation`."""
+    table: str
+    kind: str = "data"
+    cut: dict = dataclasses.field(default_factory=dict)
+    generation: int | None = None
+    marks: dict | None = None
+    node: str | None = None
+
+
+@request("invalidate")
+class Invalidate(Request):
+    table: str
+    node: str | None = None
+
+
+@request("missing")
+class Missing(Request):
+    limit: int = 1 << 16
+    node: str | None = None
+
+
+# -- membership and control ------------------------------------------------
+@request("map")
+class MapUpdate(Request):
+    """A cluster map for a node; `position` (with `config`, `rebuilding`) gives a spare its position."""
+    endpoints: list
+    token: str | None = None
+    epoch: int | None = None
+    config: dict | None = None
+    sources: list | None = None
+    states: list | None = None
+    dead: list = dataclasses.field(default_factory=list)
+    fenced: list = dataclasses.field(default_factory=list)
+    position: int | None = None
+    rebuilding: bool = False
+    node: str | None = None
+
+
+@request("ping")
+class Ping(Request):
+    node: str | None = None
+
+
+@request("shutdown")
+class Shutdown(Request):
+    token: str | None = None
+    node: str | None = None
+
+
+@request("fault")
+class Fault(Request):
+    """Arm an injected fault (tests)."""
+    name: str
+    value: float = 1.0
+    token: str | None = None
+    node: str | None = None
+
+
+CONTROL = {"map", "ping", "shutdown", "fault"}  # answered by a node's host, whether it holds a position or not
