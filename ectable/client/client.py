@@ -1,11 +1,10 @@
 """The client: routes rows to nodes, keeps writes until their parity is safe, fails over."""
 from __future__ import annotations
 
-import secrets
-import time
 
 import numpy as np
 
+from .. import clock
 from ..config import DEADLINE
 from ..errors import Error, InvalidRequest, NodeDown, Replaying, StaleCut, Unavailable
 from .repair import Repair
@@ -43,7 +42,7 @@ class Client:
         self.repair = Repair(self)
         self.rebuild_budget = REBUILD_BUDGET
         self._steps: dict = {}  # step requests whose replies are not collected yet
-        self.cid = secrets.token_hex(8)  # names this client's writes in the nodes' deltas
+        self.cid = clock.token_hex(8)  # names this client's writes in the nodes' deltas
         self._cseq = 0
         self._writer: str | None = None
         for p in range(self.nodes):
@@ -331,7 +330,7 @@ class Client:
     def flush(self, timeout: float = DEADLINE) -> None:
         """Return once every node's parity reflects every acknowledged write."""
         self._close_windows(wait=True)
-        self.settle(time.monotonic() + timeout, close=True)
+        self.settle(clock.monotonic() + timeout, close=True)
 
     def settle(self, deadline: float, close: bool = False) -> None:
         """Wait until no node has deltas in flight to a live node. With `close`, every node is also asked to
@@ -352,9 +351,9 @@ class Client:
                     busy.append(p)
             if not busy:
                 return
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise Error(f"nodes {busy} did not settle: parity deltas still unacknowledged, or no answer")
-            time.sleep(0.002)
+            clock.sleep(0.002)
 
     def status(self) -> dict:
         """Nodes with their roles and health, parity lag, dirty rows and recovery progress (rows, rate, ETA)."""
@@ -392,7 +391,7 @@ class Client:
         node holding all its rows, all seen in one pass. Raises `Unavailable` at once, naming the lost
         stripes, when more than r positions are down (they cannot be rebuilt), and when a position is
         down with no spare left; `Error` past `timeout`."""
-        deadline = time.monotonic() + timeout
+        deadline = clock.monotonic() + timeout
         while True:
             self._check_recoverable()
             left = {p: self._rebuild_left(p) for p in range(self.nodes) if self._state(p) != "dead"}
@@ -402,7 +401,7 @@ class Client:
             dead = [p for p, s in enumerate(states) if s == "dead"]
             if dead and not self.cluster.spares_left():
                 raise Unavailable(f"nodes {dead} are down and no spare is left: the cluster serves degraded")
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 busy = [p for p, n in left.items() if n or states[p] != "up"]
                 raise Error(f"not recovered after {timeout} s: nodes {dead} down, {busy} rebuilding "
                             f"({sum(left.values())} rows left)")
@@ -411,7 +410,7 @@ class Client:
                     if n:
                         self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
             else:
-                time.sleep(0.01)  # rebuilders work, a spare is on its way, the map catches up
+                clock.sleep(0.01)  # rebuilders work, a spare is on its way, the map catches up
             self.cluster.refresh()
 
     def _check_recoverable(self) -> None:
@@ -493,10 +492,10 @@ class Client:
             try:
                 return self._check_reply(p, *reply)
             except Replaying:  # a replacement waits for writers' replays (this client's too, once it sees it)
-                deadline = deadline or time.monotonic() + REPLAY_WAIT
-                if time.monotonic() > deadline:
+                deadline = deadline or clock.monotonic() + REPLAY_WAIT
+                if clock.monotonic() > deadline:
                     raise Error(f"node {p} waited for writers' replays longer than {REPLAY_WAIT} s") from None
-                time.sleep(0.002)
+                clock.sleep(0.002)
                 self._state(p)
 
     def _check_reply(self, p, reply, out):
@@ -588,7 +587,7 @@ class Client:
         arrays = [a for e in entries for _, _, ids, values in e.writes for a in (ids, values)]
         fresh = [_Write(e.writes, e.cid, e.cseq) for e in entries]
         self._log[p].extend(fresh)  # if the replacement dies too, the next failover takes them
-        deadline = time.monotonic() + REPLAY_WAIT
+        deadline = clock.monotonic() + REPLAY_WAIT
         while self.cluster.source(p) == source:
             try:
                 reply, _ = self._call(p, header, arrays)
@@ -602,10 +601,10 @@ class Client:
                 for entry, seq in zip(fresh, reply.get("seqs", [])):
                     entry.seq = seq
                 return
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise Error(f"node {p} did not apply writers' replays within {REPLAY_WAIT} s")
             header, arrays = m.Replay(replayer=replayer, entries=[]).header(), []  # accepted: ask again
-            time.sleep(0.002)
+            clock.sleep(0.002)
 
     def _ask_survivors(self, requests: dict) -> dict:
         """`_gather`, leaving out nodes that do not answer (they died too: they hold nothing)."""

@@ -8,10 +8,10 @@ writers (see `recover`).
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 
+from .. import clock
 from ..errors import Error, NodeDown, StaleCut, Unavailable
 from ..protocol.messages import Delta, Get, GetParity, Missing, Restore, Status
 from ..storage.shard import NotRebuilt
@@ -68,7 +68,7 @@ class Repair:
     def recover_many(self, stripes: dict, skip: int | None = None) -> dict:
         """`recover` of several tables ({table: stripes} -> {table: (blocks, cut)}), every table's
         reads in flight at once; each table's cut is checked on its own."""
-        deadline = time.monotonic() + 30
+        deadline = clock.monotonic() + 30
         unread = {table: None for table in stripes}  # per table: slots a rebuilding node said it has not rebuilt
         while True:
             cuts = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}
@@ -79,9 +79,9 @@ class Repair:
                         cut["read"] = self._inconsistent(cut["nodes"], cut["chosen"] & ~cut["virtual"],
                                                          cut["senders"], cut["holders"], cut["k"])
                     if any(cut["read"].any() for cut in cuts.values()):
-                        if time.monotonic() > deadline:
+                        if clock.monotonic() > deadline:
                             raise Error(f"tables {list(stripes)}: parity holders kept lagging behind the data")
-                        time.sleep(0.001)
+                        clock.sleep(0.001)
             except NotRebuilt as exc:
                 self._not_rebuilt(exc, cuts[exc.table], unread[exc.table])
                 continue
@@ -241,15 +241,15 @@ class Repair:
             marks = {source: m for source, _, m in senders.values()}  # which writes the rebuilt rows hold
             header = Restore(table=table, kind="parity", cut=cut, generation=generation, node=self._node(position),
                              marks=marks).header()
-            wait, deadline = 0.001, time.monotonic() + 5.0
+            wait, deadline = 0.001, clock.monotonic() + 5.0
             while True:
                 try:
                     self.client._call(position, header, [stripes[table], rows])
                     break
                 except StaleCut as stale:
-                    if not stale.behind or time.monotonic() > deadline:
+                    if not stale.behind or clock.monotonic() > deadline:
                         break
-                    time.sleep(wait)
+                    clock.sleep(wait)
                     wait = min(2 * wait, 0.05)
 
     def rebuild_step(self, position: int, budget: int) -> int:

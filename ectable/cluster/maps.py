@@ -6,13 +6,12 @@ file (`ectable.connect`). Clusters started from Python are in `process/local.py`
 """
 from __future__ import annotations
 
-import secrets
 import threading
-import time
 from collections import deque
 
 import zmq
 
+from .. import clock
 from .. import config as cluster_config
 from ..config import ClusterConfig
 from ..errors import Error, Unavailable
@@ -112,10 +111,10 @@ class StoredMap:
             raise Unavailable(f"the cluster's membership store does not answer: {exc}") from None
         if m is None:
             raise Unavailable(f"no cluster map under {self.store.prefix!r} in the membership store")
-        self._map, self._spares, self._checked = m, spares, time.monotonic()
+        self._map, self._spares, self._checked = m, spares, clock.monotonic()
 
     def _recheck(self) -> None:
-        if time.monotonic() - self._checked > MAP_RECHECK:
+        if clock.monotonic() - self._checked > MAP_RECHECK:
             try:
                 self.refresh()
             except Error:
@@ -148,9 +147,9 @@ class StoredMap:
         """A request to p failed: wait (bounded) until the decider failed it over, or it answers again."""
         source = self._map.sources[p]
         self._evidence(p)
-        deadline = time.monotonic() + DEATH_WAIT
-        while self._map.sources[p] == source and self._map.states[p] != "dead" and time.monotonic() < deadline:
-            time.sleep(MAP_RECHECK / 4)
+        deadline = clock.monotonic() + DEATH_WAIT
+        while self._map.sources[p] == source and self._map.states[p] != "dead" and clock.monotonic() < deadline:
+            clock.sleep(MAP_RECHECK / 4)
             self._recheck()
             if self._answers(p):
                 return
@@ -164,16 +163,16 @@ class StoredMap:
 
     def wait_reconciled(self, p: int, timeout: float = DEATH_WAIT) -> None:
         """Wait (bounded) until the decider reconciled the parity of dead position p's stripes."""
-        deadline = time.monotonic() + timeout
-        while any(q == p for q, _ in self._map.failing) and time.monotonic() < deadline:
-            time.sleep(MAP_RECHECK / 4)
+        deadline = clock.monotonic() + timeout
+        while any(q == p for q, _ in self._map.failing) and clock.monotonic() < deadline:
+            clock.sleep(MAP_RECHECK / 4)
             self._recheck()
 
     def wait_replaced(self, p: int, timeout: float = DEATH_WAIT) -> None:
         """Wait (bounded) until a spare stands at dead position p, or none is left."""
-        deadline = time.monotonic() + timeout
-        while self._map.states[p] == "dead" and self._spares and time.monotonic() < deadline:
-            time.sleep(MAP_RECHECK / 4)
+        deadline = clock.monotonic() + timeout
+        while self._map.states[p] == "dead" and self._spares and clock.monotonic() < deadline:
+            clock.sleep(MAP_RECHECK / 4)
             self._recheck()
 
     def mark_rebuilding(self, p: int) -> None:
@@ -186,7 +185,7 @@ class StoredMap:
         """Registered in the store under a lease the first time: a replacement node then waits for this
         object's replays (its clients' writes the dead node applied) before serving anyone."""
         if self.writer is None:
-            writer = f"{secrets.token_hex(8)}"
+            writer = f"{clock.token_hex(8)}"
             self._writer_lease = self._keep_writer(writer)
             self.writer = writer
         return self.writer

@@ -1,21 +1,24 @@
-"""Control calls from a decider (or a cluster's owner) to nodes by endpoint, over ZeroMQ."""
+"""Control calls from a decider (or a cluster's owner) to nodes by endpoint, over any transport."""
 from __future__ import annotations
-
-import time
 
 import zmq
 
+from .. import clock
 from ..errors import Error, NodeDown
-from ..transport import ZmqChannel
+from ..transport import Channel, ZmqChannel
 
 
-class ZmqControl:
+class Control:
     """`call_all({endpoint: (header, arrays)}, timeout)`: all sent at once, one timeout for them all;
-    {endpoint: (reply, arrays), or the NodeDown / Error met}."""
+    {endpoint: (reply, arrays), or the NodeDown / Error met}. Subclasses open the channels."""
 
-    def __init__(self, context: zmq.Context, curve: dict | None = None):
-        self.context, self.curve = context, curve
-        self.channels: dict[str, ZmqChannel] = {}
+    refused: tuple = ()  # what opening or using a channel to a bad endpoint raises, besides NodeDown
+
+    def __init__(self):
+        self.channels: dict[str, Channel] = {}
+
+    def open(self, endpoint: str, timeout: float) -> Channel:
+        raise NotImplementedError
 
     def call_all(self, requests: dict, timeout: float) -> dict:
         pending, out = {}, {}
@@ -23,18 +26,17 @@ class ZmqControl:
             try:
                 channel = self.channels.get(endpoint)
                 if channel is None:
-                    channel = self.channels[endpoint] = ZmqChannel(endpoint, self.context, self.curve,
-                                                                   connect_timeout=timeout)
+                    channel = self.channels[endpoint] = self.open(endpoint, timeout)
                 pending[endpoint] = channel.start(header, list(arrays))
             except NodeDown as exc:
                 out[endpoint] = exc
-            except zmq.ZMQError as exc:  # a bad endpoint, say: as good as dead
+            except self.refused as exc:  # a bad endpoint, say: as good as dead
                 self.channels.pop(endpoint).close()
                 out[endpoint] = NodeDown(f"{endpoint}: {exc}")
-        deadline = time.monotonic() + timeout
+        deadline = clock.monotonic() + timeout
         for endpoint, request in pending.items():
             try:
-                reply = request.wait(max(deadline - time.monotonic(), 0.01))
+                reply = request.wait(max(deadline - clock.monotonic(), 0.01))
             except NodeDown as exc:
                 out[endpoint] = exc
                 continue
@@ -46,3 +48,15 @@ class ZmqControl:
             channel.close()
         self.channels.clear()
 
+
+class ZmqControl(Control):
+    """Control calls over ZeroMQ (with CURVE keys, if the cluster has them)."""
+
+    refused = (zmq.ZMQError,)
+
+    def __init__(self, context: zmq.Context, curve: dict | None = None):
+        super().__init__()
+        self.context, self.curve = context, curve
+
+    def open(self, endpoint: str, timeout: float) -> ZmqChannel:
+        return ZmqChannel(endpoint, self.context, self.curve, connect_timeout=timeout)

@@ -8,12 +8,11 @@ deltas (`take_outbox`) and reports their acknowledgements (`acked`).
 """
 from __future__ import annotations
 
-import secrets
-import time
 from collections import deque
 
 import numpy as np
 
+from .. import clock as clocks
 from ..config import ClusterConfig
 from ..errors import InvalidRequest
 from ..protocol import messages, validate
@@ -33,17 +32,17 @@ class Node:
     """One node's shards, dirty window, outgoing deltas and received-delta bookkeeping."""
 
     def __init__(self, position: int, config: ClusterConfig, rebuilding: bool = False, lazy_close: bool = False,
-                 clock=time.monotonic):
-        self.position, self.config, self.clock = position, config, clock
+                 clock=None):
+        self.position, self.config, self.clock = position, config, clock or clocks.monotonic
         self.code = config.make_code()
         self.rebuilding = rebuilding
-        self.rebuild_since = clock() if rebuilding else None
+        self.rebuild_since = self.clock() if rebuilding else None
         self.generation = int(rebuilding)  # counts invalidations: restores carry the one they read at
         self.rebuilt_rows = 0  # data and parity rows restored since rebuilding began
-        self.source = f"node/{position}/{secrets.token_hex(8)}"  # this incarnation, unique across processes
+        self.source = f"node/{position}/{clocks.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
         self.write_seq = 0
-        self.window_opened = clock()
+        self.window_opened = self.clock()
         self._next_seq: dict[int, int] = {}
         self.outbox: list[tuple[int, dict, list]] = []
         self.unacked: dict[tuple[int, int], int] = {}  # (target, seq) -> window number
