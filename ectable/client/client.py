@@ -95,9 +95,14 @@ class Client:
             raise InvalidRequest(f"unknown table {table!r}") from None
 
     def _refresh_tables(self):
+        """Learn the tables from the first up node that answers."""
         for p in range(self.nodes):
             if self.cluster.state(p) == "up":
-                for config in self._call(p, m.Tables().header(), [])[0]["tables"]:
+                try:
+                    tables = self._call(p, m.Tables().header(), [])[0]["tables"]
+                except NodeDown:  # it died, or is cut off: another node knows the tables as well
+                    continue
+                for config in tables:
                     self._remember(TableSpec.from_config(config))
                 return
 
@@ -393,6 +398,7 @@ class Client:
         down with no spare left; `Error` past `timeout`."""
         deadline = clock.monotonic() + timeout
         while True:
+            self.cluster.refresh()  # a spare may have been added since this client last read the map
             self._check_recoverable()
             left = {p: self._rebuild_left(p) for p in range(self.nodes) if self._state(p) != "dead"}
             states = [self._state(p) for p in range(self.nodes)]
@@ -411,7 +417,6 @@ class Client:
                         self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
             else:
                 clock.sleep(0.01)  # rebuilders work, a spare is on its way, the map catches up
-            self.cluster.refresh()
 
     def _check_recoverable(self) -> None:
         """Raise `Unavailable` naming every table's stripes that lost more than r slots."""
@@ -560,12 +565,17 @@ class Client:
     def _take_log(self, p, source) -> None:
         """Move the writes of p's redo log that no parity holds to the cluster's replays for p."""
         self.cluster.wait_reconciled(p)
-        answers = self._ask_survivors({(q,): (m.Applied(source=source).header(), []) for q in range(self.nodes)
-                                       if q != p and self.cluster.state(q) != "dead"})
-        # per survivor: the last write of each client from the dead node that it holds
-        marks = {key[0]: reply["clients"] for key, (reply, _) in answers.items()}
         log = list(self._log[p])
-        held = self._parity_held(log, marks)
+        settled = self.cluster.settled_marks(source)
+        if settled is not None:  # what the survivors held when the decider reconciled p (see Map.settled)
+            marks, lacking = settled
+            held = self._parity_recorded(log, marks, lacking)
+        else:  # not reconciled (the decider is away) or long ago: ask the survivors now
+            answers = self._ask_survivors({(q,): (m.Applied(source=source).header(), []) for q in range(self.nodes)
+                                           if q != p and self.cluster.state(q) != "dead"})
+            # per survivor: the last write of each client from the dead node that it holds
+            marks = {key[0]: reply["clients"] for key, (reply, _) in answers.items()}
+            held = self._parity_held(log, marks)
         replays = self.cluster.replays.setdefault(p, [])
         for entry in log:  # before the log lets go
             writes = self._unapplied(entry, marks, held)
@@ -631,10 +641,9 @@ class Client:
                 requests = {key: r for key, r in requests.items() if key[0] != down.position}
         return failed
 
-    def _parity_held(self, log, marks) -> dict:
-        """{(holder, table): (stripes ascending, whether it has their parity row)} for the stripes the
-        writes of `log` touched, asked of every surviving parity holder at once (a rebuilding node
-        may lack some rows)."""
+    def _touched_stripes(self, log, marks) -> dict:
+        """{(holder, table): stripes ascending} of the stripes the writes of `log` touched, per parity holder
+        in `marks`."""
         asks: dict = {}
         for entry in log:
             for table, _, ids, _ in entry.writes:
@@ -644,7 +653,20 @@ class Client:
                     holders = layout.parity_node(stripes, j)
                     for q in set(np.unique(holders).tolist()) & marks.keys():
                         asks.setdefault((q, table), []).append(stripes[holders == q])
-        stripes = {key: np.unique(np.concatenate(parts)) for key, parts in asks.items()}
+        return {key: np.unique(np.concatenate(parts)) for key, parts in asks.items()}
+
+    def _parity_recorded(self, log, marks, lacking) -> dict:
+        """`_parity_held` as recorded when the dead node was reconciled: every holder had its rows but
+        those listed in `lacking` [(q, table, stripes)]."""
+        lacked = {(q, table): np.asarray(stripes, dtype=np.int64) for q, table, stripes in lacking}
+        return {key: (stripes, ~np.isin(stripes, lacked.get(key, stripes[:0])))
+                for key, stripes in self._touched_stripes(log, marks).items()}
+
+    def _parity_held(self, log, marks) -> dict:
+        """{(holder, table): (stripes ascending, whether it has their parity row)} for the stripes the
+        writes of `log` touched, asked of every surviving parity holder at once (a rebuilding node
+        may lack some rows)."""
+        stripes = self._touched_stripes(log, marks)
         answers = self._ask_survivors({key: (m.Holds(table=key[1]).header(), [s]) for key, s in stripes.items()})
         return {key: (stripes[key], arrays[0].astype(bool)) for key, (_, arrays) in answers.items()}
 

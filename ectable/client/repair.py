@@ -7,7 +7,6 @@ writers (see `recover`).
 """
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 
@@ -16,7 +15,6 @@ from ..errors import Error, NodeDown, StaleCut, Unavailable
 from ..protocol.messages import Delta, Get, GetParity, Missing, Restore, Status
 from ..storage.shard import NotRebuilt
 
-_repairers = itertools.count(1)
 
 
 class Repair:
@@ -25,7 +23,7 @@ class Repair:
     def __init__(self, client):
         self.client = client
         self.code = client.config.make_code()
-        self.source = f"repair/{next(_repairers)}/{id(self):x}"
+        self.source = f"repair/{clock.token_hex(8)}"
         self._next_seq: dict[int, int] = {}
 
     def forget(self, position: int) -> None:
@@ -194,27 +192,31 @@ class Repair:
         delta = old.view(np.uint8) ^ new.view(np.uint8)
         stripes = layout.stripe(ids)
         usable = self.client._states() != "dead"
-        lost = []
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
             for target in np.unique(targets):
-                if not usable[target]:
-                    continue  # its parity is rebuilt from the data later
-                pick = targets == target
-                try:
+                if usable[target]:  # a dead holder's parity is rebuilt from the data later
+                    pick = targets == target
                     self.send_delta(int(target), table, ids[pick], delta[pick])
-                except NodeDown:  # never retry a half-applied degraded write: the dead holder is rebuilt
-                    lost.append(int(target))
-        for target in lost:
-            self.client._lost(target)
 
     def send_delta(self, target: int, table: str, ids, delta) -> None:
+        """Send a delta to the parity holder at `target` until it acknowledges it or is failed over (then its
+        parity is rebuilt from the data). The same delta number each time: a holder applies it once; a
+        degraded write is never applied twice, whatever was lost on the way."""
         order = np.argsort(ids)  # a delta names its stripes in ascending order
         ids, delta = ids[order], delta[order]
         seq = self._next_seq.get(target, 0) + 1
         self._next_seq[target] = seq
         header = Delta(source=self.source, seq=seq, tables=[table]).header()
-        self.client._call(target, header, [ids, delta])
+        holder = self.client.cluster.source(target)
+        while True:
+            try:
+                self.client._call(target, header, [ids, delta])
+                return
+            except NodeDown:
+                self.client._lost(target)
+                if self.client.cluster.source(target) != holder:
+                    return
 
     # -- rebuilding a replacement ----------------------------------------
     def rebuild_rows(self, position: int, ids: dict) -> None:

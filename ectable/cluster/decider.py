@@ -122,12 +122,11 @@ class Decider:
                 [e for e, a in answers.items() if isinstance(a, Exception)])
 
     def _tables(self, m: Map) -> list | None:
-        """The tables' definitions, from any up node (None: none answered)."""
-        for p in m.live():
-            if m.states[p] == "up":
-                ok, _ = self._ask({m.endpoints[p]: (Tables().header(), [])})
-                if ok:
-                    return ok[m.endpoints[p]][0]["tables"]
+        """The tables' definitions, from any live node, up ones first (None: none answered)."""
+        for p in sorted(m.live(), key=lambda q: m.states[q] != "up"):  # a rebuilding node has every table too
+            ok, _ = self._ask({m.endpoints[p]: (Tables().header(), [])})
+            if ok:
+                return ok[m.endpoints[p]][0]["tables"]
         return None
 
     def _reconcile(self, m: Map, p: int, source: str) -> bool:
@@ -135,21 +134,22 @@ class Decider:
         ok, failed = self._ask({m.endpoints[q]: (Applied(source=source).header(), []) for q in survivors})
         if failed:
             return self._unanswered(m, failed)
+        marks = {q: ok[m.endpoints[q]][0]["clients"] for q in survivors}
         score = np.full(m.nodes, -1, dtype=np.int64)  # how much of p's writes each survivor's parity holds
         for q in survivors:
-            score[q] = sum(ok[m.endpoints[q]][0]["clients"].values())
-        new = m
-        if len(set(score[score >= 0].tolist())) > 1:
-            tables = self._tables(m)
-            if tables is None:
-                return False  # nobody to ask for the tables now: try again at the next step
-            config = ClusterConfig(**m.config)
-            for spec in tables:
-                new, failed = self._forget_stale(new, config.layout(TableSpec.from_config(spec)), spec["name"], p, score)
-                if failed:
-                    return self._unanswered(m, failed)
+            score[q] = sum(marks[q].values())
+        tables = self._tables(m)
+        if tables is None:
+            return False  # nobody to ask for the tables now: try again at the next step
+        config = ClusterConfig(**m.config)
+        new, lacking = m, []
+        for spec in tables:
+            new, failed, lack = self._forget_stale(new, config.layout(TableSpec.from_config(spec)), spec["name"], p, score)
+            if failed:
+                return self._unanswered(m, failed)
+            lacking += [[q, spec["name"], stripes.tolist()] for q, stripes in lack.items() if stripes.size]
         self.log(f"epoch {m.epoch}: position {p} reconciled" + (f"; rebuilding parity on {[q for q in range(m.nodes) if new.generations[q] != m.generations[q]]}" if new != m else ""))
-        return self._swap(m, new.replace(failing=tuple(f for f in new.failing if tuple(f) != (p, source)))) is not None
+        return self._swap(m, new.settle(p, source, marks, lacking)) is not None
 
     def _unanswered(self, m: Map, failed: list[str]) -> bool:
         """Survivors that did not answer a reconcile: asked again at the next steps; failed (a node that
@@ -165,21 +165,24 @@ class Decider:
             del self.silences[e]
         return self._swap(m, plans.declare_dead(m, dead)) is not None
 
-    def _forget_stale(self, m: Map, layout, table: str, p: int, score) -> tuple[Map, list]:
-        """Invalidate, on every holder behind, the parity rows of `table`'s stripes that p held data in."""
+    def _forget_stale(self, m: Map, layout, table: str, p: int, score) -> tuple[Map, list, dict]:
+        """Invalidate, on every holder behind, the parity rows of `table`'s stripes that p held data in;
+        also {holder: stripes whose parity row it lacks now} (rebuilding, or just invalidated)."""
         stripes, holders = plans.reconcile_stripes(layout, p)
         rebuilding = [int(q) for q in np.unique(holders) if m.states[q] == "rebuilding"]
         rows = {q: (holders == q).any(axis=1) for q in rebuilding}
         ok, failed = self._ask({m.endpoints[q]: (Holds(table=table).header(), [stripes[rows[q]]]) for q in rebuilding})
         has = {q: ok[m.endpoints[q]][1][0].astype(bool) if m.endpoints[q] in ok else np.zeros(rows[q].sum(), bool)
                for q in rebuilding}
+        lacking = {q: stripes[rows[q]][~has[q]] for q in rebuilding}
         stale = plans.stale_parity(stripes, holders, score, has)
         ok, failed = self._ask({m.endpoints[q]: (Invalidate(table=table).header(), [s]) for q, s in stale.items()})
-        for q in stale:
+        for q, s in stale.items():
+            lacking[q] = np.union1d(lacking.get(q, s[:0]), s)
             if m.endpoints[q] in ok:
                 generation = max(m.generations[q], ok[m.endpoints[q]][0].get("generation", 0))
                 m = m.with_position(q, state="rebuilding" if m.states[q] != "dead" else "dead", generation=generation)
-        return m, failed
+        return m, failed, lacking
 
     def _assign(self, m: Map, positions: list[int]) -> bool:
         """Nodes named in the map but not yet holding their position take it and say who they are."""

@@ -15,6 +15,13 @@ None until the node took the position), its state and its rebuild generation.
 
 `failing` lists dead positions whose stripes' parity holders are not reconciled yet
 (position, identity): clients replay their redo logs only once it is empty for theirs.
+
+`settled` records, for the last `SETTLED_KEPT` reconciled identities, what the survivors'
+parity held of that node's writes when it was reconciled: `(source, ((q, {client: last write}),
+...), ((q, table, stripes whose parity row q lacked), ...))`. A dead node's writes can no longer
+reach any parity after that, and parity rebuilt later holds what the rebuilt data holds, so the
+record stays true: a client that takes the dead node's redo log late (after other holders were
+replaced, which forgets their marks) replays exactly what no parity held.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 import msgpack
 
 STATES = ("up", "rebuilding", "dead")
+SETTLED_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class Map:
     generations: tuple
     fenced: tuple = ()
     failing: tuple = ()  # ((position, source), ...)
+    settled: tuple = ()  # ((source, marks per survivor, rows survivors lacked), ...): see above
     epoch: int = 0  # the store's revision of this map (not stored in it)
 
     @classmethod
@@ -50,6 +59,7 @@ class Map:
     def decode(cls, data: bytes, epoch: int) -> "Map":
         value = msgpack.unpackb(data, raw=False)
         value["failing"] = tuple(tuple(pair) for pair in value.get("failing", ()))
+        value["settled"] = tuple(tuple(entry) for entry in value.get("settled", ()))
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}, epoch=epoch)
 
     def with_position(self, p: int, **changes) -> "Map":
@@ -65,6 +75,20 @@ class Map:
 
     def replace(self, **changes) -> "Map":
         return dataclasses.replace(self, **changes)
+
+    def settle(self, p: int, source: str, marks: dict, lacking: list) -> "Map":
+        """Position p's dead `source` is reconciled: it leaves `failing`, and what survivors' parity held of
+        its writes is recorded (`marks` {survivor: {client: last write}}, `lacking` [[q, table, stripes]])."""
+        entry = (source, tuple((q, dict(c)) for q, c in sorted(marks.items())), tuple(tuple(x) for x in lacking))
+        return self.replace(failing=tuple(f for f in self.failing if tuple(f) != (p, source)),
+                            settled=(self.settled + (entry,))[-SETTLED_KEPT:])
+
+    def settled_marks(self, source: str):
+        """({survivor: {client: last write}}, [(q, table, stripes lacked)]) recorded for `source`, or None."""
+        for entry in self.settled:
+            if entry[0] == source:
+                return {int(q): dict(c) for q, c in entry[1]}, [tuple(x) for x in entry[2]]
+        return None
 
     @property
     def nodes(self) -> int:

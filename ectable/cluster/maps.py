@@ -67,6 +67,11 @@ class ClusterMap:
     def rebuilt(self, p: int) -> None:
         """The node at p reported nothing left to rebuild."""
 
+    def settled_marks(self, source):
+        """What survivors' parity held of dead `source`'s writes when it was reconciled (`Map.settled_marks`),
+        or None if not recorded."""
+        return None
+
     def wait_reconciled(self, p: int) -> None:
         """Return once the parity holders of dead position p's stripes agree (clients replay after)."""
 
@@ -177,6 +182,9 @@ class StoredMap:
 
     def mark_rebuilding(self, p: int) -> None:
         self._rebuilding.add(self._map.sources[p])
+
+    def settled_marks(self, source):
+        return self._map.settled_marks(source)
 
     writer: str | None = None
     _writer_lease: int | None = None

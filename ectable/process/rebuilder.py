@@ -5,15 +5,44 @@ cluster (through the map in the cluster's store): each round it asks its node wh
 rows are missing (up to `rebuild_batch`), decodes them from a consistent cut of their
 stripes, and installs them; then it rests so the node spends at most `rebuild_share` of
 its time rebuilding. Rows clients touch first are rebuilt on demand by those clients.
+`RebuildRounds` is the rebuilding itself, one round at a time, over any cluster map (the
+simulation runs it too); `Rebuilder` is the thread that runs its rounds in a node process.
 """
 from __future__ import annotations
 
 import sys
 import threading
-import time
 
+from .. import clock
 from ..client import Client
 from ..errors import Error, Unavailable
+
+
+class RebuildRounds:
+    """Rounds of rebuilding the node at `position` (identity `source`) through `cluster`'s clients."""
+
+    def __init__(self, cluster, position: int, source: str):
+        self.cluster, self.position, self.source = cluster, position, source
+        self.client = Client(cluster)
+        self.started = False  # the map names this identity at the position: rebuilding has begun
+
+    def round(self) -> float | None:
+        """Rebuild one batch; seconds to rest before the next round, or None when there is nothing left
+        (or the node no longer holds the position). Raises `Unavailable` for rows lost for good."""
+        cluster = self.cluster
+        if not self.started:
+            if cluster.source(self.position) != self.source:
+                cluster.refresh()  # the decider publishes the map once the node took the position
+                return 0.05
+            cluster.mark_rebuilding(self.position)
+            self.started = True
+        if cluster.source(self.position) != self.source:
+            return None
+        began = clock.monotonic()
+        if not self.client._rebuild_some(self.position, cluster.config.rebuild_batch):
+            return None
+        share = min(max(cluster.config.rebuild_share, 0.01), 1.0)
+        return (clock.monotonic() - began) * (1 - share) / share
 
 
 class Rebuilder(threading.Thread):
@@ -35,18 +64,12 @@ class Rebuilder(threading.Thread):
         except Error:
             return  # no store to reach: the node starts another rebuilder a second later
         try:
-            client = Client(cluster)
-            while not self._halt.is_set() and cluster.source(self.position) != self.source:
-                time.sleep(0.05)  # the decider publishes the map once the node took the position
-                cluster.refresh()
-            cluster.mark_rebuilding(self.position)
-            config = cluster.config
-            while not self._halt.is_set() and cluster.source(self.position) == self.source:
-                started = time.perf_counter()
-                if not client._rebuild_some(self.position, config.rebuild_batch):
+            rounds = RebuildRounds(cluster, self.position, self.source)
+            while not self._halt.is_set():
+                rest = rounds.round()
+                if rest is None:
                     return
-                share = min(max(config.rebuild_share, 0.01), 1.0)
-                self._halt.wait((time.perf_counter() - started) * (1 - share) / share)
+                self._halt.wait(rest)
         except Unavailable as exc:  # more than r slots lost: those rows cannot come back; say so in status
             self.lost = str(exc)
             print(f"ectable rebuilder of node {self.position}: {exc}", file=sys.stderr, flush=True)

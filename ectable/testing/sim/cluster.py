@@ -1,0 +1,45 @@
+"""A simulated cluster as its clients see it: the production `StoredMap` over the simulated network."""
+from __future__ import annotations
+
+from ...cluster.maps import WRITER_TTL, ClusterMap, StoredMap
+from ...cluster.store import ClusterStore
+from ...config import ClusterConfig
+from ...errors import Error
+from ...protocol.messages import Ping
+from .network import Network, SimChannel
+from .world import World
+
+
+class SimCluster(StoredMap, ClusterMap):
+    """The map in the simulation's store, read by actor `owner` (a client process, or a rebuilder)."""
+
+    rebuilds_itself = True  # rebuilding nodes run their own rebuilders
+
+    def __init__(self, world: World, network: Network, store: ClusterStore, owner: str):
+        self.world, self.network, self.owner = world, network, owner
+        self._attach(store)
+        ClusterMap.__init__(self, ClusterConfig(**self._map.config))
+
+    def _open_channel(self, endpoint: str) -> SimChannel:
+        return SimChannel(self.network, self.owner, endpoint, lambda: self._live(endpoint))
+
+    def _answers(self, p: int) -> bool:
+        try:
+            channel = SimChannel(self.network, self.owner, self._map.endpoints[p])
+            return channel.call(Ping().header(), [], 0.5)[0].get("position") == p
+        except Error:
+            return False
+
+    def _keep_writer(self, writer: str) -> int:
+        """Registered under a lease kept alive every WRITER_TTL / 6 s (as `maps._WriterLease` does)."""
+        membership = self.store.membership
+
+        def keep():
+            if not membership.keepalive(self._writer_lease):
+                self._writer_lease = membership.grant(WRITER_TTL)
+                self.store.register_writer(writer, self._writer_lease)
+            self.world.at(WRITER_TTL / 6, keep, self.owner)
+        lease = membership.grant(WRITER_TTL)
+        self.store.register_writer(writer, lease)
+        self.world.at(WRITER_TTL / 6, keep, self.owner)
+        return lease

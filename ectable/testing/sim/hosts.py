@@ -1,0 +1,213 @@
+"""The processes of a simulated cluster: node hosts, their rebuilders, and failover deciders.
+
+`SimNodeHost` is a node process as `process/node_server.py` runs it (the same `NodeHost` and
+`Node`), with the simulated network instead of ZeroMQ and the world's events instead of a poll
+loop: it answers requests, sends its deltas to peers and resends them until acknowledged,
+closes windows when idle, keeps its presence alive under a lease, follows the map and runs
+`RebuildRounds` while it rebuilds. `SimDecider` runs the production `Decider`.
+"""
+from __future__ import annotations
+
+import re
+
+from ...cluster.decider import Decider
+from ...cluster.store import ClusterStore
+from ...errors import Error, Unavailable
+from ...membership import LeaseNotFound
+from ...process.host import NodeHost
+from ...process.node_server import GRACE, HEARTBEAT, NODE_TTL, RESEND, TICK
+from ...process.rebuilder import RebuildRounds
+from ...protocol import messages
+from ...protocol.messages import ErrorCode
+from ...transport import codec
+from .network import Network, SimControl
+from .world import World
+
+DECIDER_IDLE = 0.25  # as `decider_process.IDLE`
+
+
+class SimNodeHost(NodeHost):
+    endpoint_pattern = re.compile(r"^sim://node-\d+$")
+
+    def __init__(self, world: World, network: Network, store: ClusterStore, endpoint: str, token: str, cluster_of):
+        super().__init__(endpoint, token)
+        self.world, self.network, self.store = world, network, store
+        self.cluster_of = cluster_of  # actor -> a cluster map of its own (for the rebuilder's clients)
+        self.alive, self.lazy_close = True, True
+        self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
+        self.links: dict[int, int] = {}  # target -> how often the link to it was dropped (late acks are moot)
+        self.lease: int | None = None
+        self.announced: dict | None = None
+        self.last_request = 0.0
+        self.ticking = False
+        self.rebuilding_with: RebuildRounds | None = None
+        self.rebuild_lost: str | None = None
+        network.hosts[endpoint] = self
+        self.announce()
+        world.at(HEARTBEAT, self.heartbeat, endpoint)
+
+    # -- the store (unreachable while partitioned) ------------------------
+    def _store_reachable(self) -> bool:
+        return self.network.cut.get(self.endpoint, 0.0) <= self.world.now
+
+    def announce(self) -> None:
+        if not self._store_reachable():
+            return
+        info = self.beat()
+        membership = self.store.membership
+        if self.lease is None:
+            self.lease = membership.grant(NODE_TTL)
+        if info != self.announced:
+            try:
+                self.store.announce(self.endpoint, info, self.lease)
+            except LeaseNotFound:
+                self.lease = membership.grant(NODE_TTL)
+                self.store.announce(self.endpoint, info, self.lease)
+            self.announced = info
+
+    def writers(self) -> set[str]:
+        return self.store.writers() if self._store_reachable() else set()
+
+    def heartbeat(self) -> None:
+        """Every HEARTBEAT: keep the lease alive, announce, follow the map, start a rebuilder if needed."""
+        if self._store_reachable():
+            if self.lease is not None and not self.store.membership.keepalive(self.lease):
+                self.lease, self.announced = None, None  # expired: this node was failed over
+            self.announce()
+            self.follow_map(self.store.read_map())
+            if self.node is not None and self.node.replay_from is not None:
+                self.node.keep_replayers(self.store.writers())
+        self.rebuild()
+        self.send_outbox()
+        self.world.at(HEARTBEAT, self.heartbeat, self.endpoint)
+
+    # -- requests --------------------------------------------------------
+    def receive(self, frames: list) -> list:
+        """Answer one request's frames (as `NodeServer.answer` does)."""
+        self.last_request = self.world.now
+        try:
+            header, arrays = codec.decode(frames)
+        except codec.Malformed as exc:
+            return codec.encode(messages.error(ErrorCode.MALFORMED, str(exc)), [])
+        try:
+            out, out_arrays = self.handle(header, arrays)
+        except Exception as exc:  # a node never dies of a request; in a simulation it is a bug to report
+            self.world.problems.append(f"node {self.endpoint} failed on {header.get('op')!r}: {exc!r}")
+            out, out_arrays = messages.error(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"), []
+        if header.get("op") == "status" and "status" in out:
+            out["status"]["rebuild_lost"] = self.rebuild_lost
+        self.world.note(f"{self.endpoint} {header.get('op')}{' -> ' + out['error'] if out.get('error') else ''}")
+        self.send_outbox()
+        return codec.encode({**out, "id": header.get("id"), "epoch": self.epoch}, out_arrays)
+
+    # -- deltas to peers ----------------------------------------------------
+    def send_outbox(self) -> None:
+        if self.node is not None:
+            for target, header, arrays in self.node.take_outbox():
+                if target in self.dead:
+                    self.node.acked(target, header["seq"])
+                    continue
+                self.inflight[(target, header["seq"])] = (codec.encode(header, arrays), 0.0)
+                self._send(target, header["seq"])
+        self._schedule()
+
+    def _send(self, target: int, seq: int) -> None:
+        frames, _ = self.inflight[(target, seq)]
+        link, source = self.links.get(target, 0), self.node.source
+        self.network.request(self.endpoint, self.endpoints[target], frames,
+                             lambda reply: self._acked(target, link, source, reply))
+        self.inflight[(target, seq)] = (frames, self.world.now)
+
+    def _acked(self, target: int, link: int, source: str, frames: list) -> None:
+        if self.node is None or self.node.source != source or self.links.get(target, 0) != link:
+            return  # the reply of a link since dropped (its socket would be closed)
+        try:
+            header, _ = codec.decode(frames)
+        except codec.Malformed:
+            return
+        seq = header.get("ack")
+        if isinstance(seq, int) and self.inflight.pop((target, seq), None) is not None:
+            self.node.acked(target, seq)
+        elif header.get("error") == ErrorCode.OUT_OF_ORDER:  # an earlier delta was lost: send them all again
+            for key, (frames, _) in list(self.inflight.items()):
+                if key[0] == target:
+                    self.inflight[key] = (frames, -RESEND)
+
+    def _drop_peer(self, target: int) -> None:
+        for key in [key for key in self.inflight if key[0] == target]:
+            del self.inflight[key]
+            self.node.acked(*key)
+        self.links[target] = self.links.get(target, 0) + 1
+
+    def leave(self) -> None:
+        self.inflight, self.rebuilding_with = {}, None
+        self.links = {t: n + 1 for t, n in self.links.items()}
+        super().leave()
+
+    def _schedule(self) -> None:
+        """A tick soon while there is work: resends, a window to close or deltas to apply when idle."""
+        node = self.node
+        if not self.ticking and self.alive and (self.inflight or (node is not None and (node.close_pending or node.queued))):
+            self.ticking = True
+            self.world.at(TICK, self._tick, self.endpoint)
+
+    def _tick(self) -> None:
+        self.ticking = False
+        node = self.node
+        if node is not None and self.world.now - self.last_request >= GRACE:  # quiet: the trainer computes
+            if node.close_pending:
+                node.close_window()
+            elif node.queued:
+                node.apply_queued()
+        for (target, seq), (_, sent) in list(self.inflight.items()):
+            if self.world.now - sent > RESEND:
+                self._send(target, seq)
+        self.send_outbox()
+
+    # -- rebuilding --------------------------------------------------------
+    def rebuild(self) -> None:
+        node = self.node
+        if node is None or not node.rebuilding or self.rebuilding_with is not None:
+            return
+        self.rebuilding_with = RebuildRounds(self.cluster_of(self.endpoint), node.position, node.source)
+        self.world.at(0.0, self._rebuild_round, f"{self.endpoint}/rebuilder", exclusive=True)
+
+    def _rebuild_round(self) -> None:
+        rounds = self.rebuilding_with
+        if rounds is None or self.node is None or self.node.source != rounds.source:
+            return
+        try:
+            rest = rounds.round()
+        except Unavailable as exc:  # more than r slots of some stripes lost
+            self.rebuild_lost, self.rebuilding_with = str(exc), None
+            return
+        except Error:  # a node or the cluster went away: a later heartbeat starts again
+            self.rebuilding_with = None
+            return
+        if rest is None:
+            self.rebuilding_with = None
+        else:
+            self.world.at(rest, self._rebuild_round, f"{self.endpoint}/rebuilder", exclusive=True)
+
+    def kill(self) -> None:
+        """SIGKILL: everything of this process stops at once; its lease expires on its own."""
+        self.alive = False
+        self.world.kill(self.endpoint)
+        self.world.kill(f"{self.endpoint}/rebuilder")
+
+
+class SimDecider:
+    """A failover decider process: the production `Decider`, stepped while it has something to change."""
+
+    def __init__(self, world: World, network: Network, store: ClusterStore, name: str, token: str):
+        self.world, self.name = world, name
+        self.decider = Decider(store, SimControl(network, name), name, token, log=world.note)
+        world.at(0.0, self.tick, name, exclusive=True)
+
+    def tick(self) -> None:
+        while self.decider.step():
+            pass
+        self.world.at(DECIDER_IDLE, self.tick, self.name, exclusive=True)
+
+    def kill(self) -> None:
+        self.world.kill(self.name)
