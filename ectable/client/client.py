@@ -227,8 +227,10 @@ class Client:
     def _write_node(self, p, writes, entry=None):
         """Apply [(table, kind, ids, values)] at position p exactly once: on node p, through the parity if
         it is dead, or by the replay of a failover that took its redo-log entry."""
+        degraded = 0  # the writes applied through the parity so far: never twice, whatever fails after
+
         def attempt():
-            nonlocal entry
+            nonlocal entry, degraded
             self._finish_steps()  # may fail p over: before deciding, not between deciding and sending
             state = self._state(p)  # may fail p over, which takes its redo log
             if state == "dead" and self.cluster.spares_left():
@@ -239,8 +241,9 @@ class Client:
             if entry is not None and entry.replayed:
                 return  # a failover took it: replayed there, unless its parity already held it
             if state == "dead":
-                for table, kind, ids, values in writes:
+                for table, kind, ids, values in writes[degraded:]:
                     self.repair.write(table, kind, ids, values)
+                    degraded += 1
                 return
             if entry is None:
                 entry = self._logged(p, writes)
@@ -602,7 +605,10 @@ class Client:
             try:
                 reply, _ = self._call(p, header, arrays)
             except NotRebuilt as exc:  # replays touch rows rebuilt first
-                self.repair.rebuild_rows(p, exc.missing)
+                try:
+                    self.repair.rebuild_rows(p, exc.missing)
+                except NodeDown as down:  # a survivor it decodes from died: fail that one over, then again
+                    self._lost(p if down.position is None else down.position)
                 continue
             except NodeDown:
                 self._lost(p)  # if it is gone, its failover takes the replays on

@@ -40,7 +40,7 @@ class SimNodeHost(NodeHost):
         self.announced: dict | None = None
         self.last_request = 0.0
         self.ticking = False
-        self.rebuilding_with: RebuildRounds | None = None
+        self.rebuilding_with = None  # the identity being rebuilt, then its RebuildRounds
         self.rebuild_lost: str | None = None
         network.hosts[endpoint] = self
         self.announce()
@@ -166,17 +166,22 @@ class SimNodeHost(NodeHost):
 
     # -- rebuilding --------------------------------------------------------
     def rebuild(self) -> None:
+        """While this node is rebuilding, a rebuilder (a fiber of this process) pulls what it lacks."""
         node = self.node
         if node is None or not node.rebuilding or self.rebuilding_with is not None:
             return
-        self.rebuilding_with = RebuildRounds(self.cluster_of(self.endpoint), node.position, node.source)
-        self.world.at(0.0, self._rebuild_round, f"{self.endpoint}/rebuilder", exclusive=True)
+        self.rebuilding_with = node.source
+        self.world.at(0.0, self._rebuild_round, f"{self.endpoint}/rebuilder", fiber=True)
 
     def _rebuild_round(self) -> None:
         rounds = self.rebuilding_with
-        if rounds is None or self.node is None or self.node.source != rounds.source:
+        if rounds is None or self.node is None or self.node.source != getattr(rounds, "source", rounds):
+            self.rebuilding_with = None
             return
         try:
+            if not isinstance(rounds, RebuildRounds):
+                rounds = self.rebuilding_with = RebuildRounds(self.cluster_of(self.endpoint), self.node.position,
+                                                              self.node.source)
             rest = rounds.round()
         except Unavailable as exc:  # more than r slots of some stripes lost
             self.rebuild_lost, self.rebuilding_with = str(exc), None
@@ -187,7 +192,7 @@ class SimNodeHost(NodeHost):
         if rest is None:
             self.rebuilding_with = None
         else:
-            self.world.at(rest, self._rebuild_round, f"{self.endpoint}/rebuilder", exclusive=True)
+            self.world.at(rest, self._rebuild_round, f"{self.endpoint}/rebuilder", fiber=True)
 
     def kill(self) -> None:
         """SIGKILL: everything of this process stops at once; its lease expires on its own."""
@@ -202,12 +207,12 @@ class SimDecider:
     def __init__(self, world: World, network: Network, store: ClusterStore, name: str, token: str):
         self.world, self.name = world, name
         self.decider = Decider(store, SimControl(network, name), name, token, log=world.note)
-        world.at(0.0, self.tick, name, exclusive=True)
+        world.at(0.0, self.tick, name, fiber=True)
 
     def tick(self) -> None:
         while self.decider.step():
             pass
-        self.world.at(DECIDER_IDLE, self.tick, self.name, exclusive=True)
+        self.world.at(DECIDER_IDLE, self.tick, self.name, fiber=True)
 
     def kill(self) -> None:
         self.world.kill(self.name)
