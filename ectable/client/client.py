@@ -594,6 +594,8 @@ class Client:
         """Replay this cluster object's writes for p into the replacement `source` (none: say so) and wait
         until it applied every live writer's; they stay in the redo log under its sequence numbers."""
         entries = _in_node_order(self.cluster.replays.pop(p, []))
+        if not entries and not self.cluster.is_writer():
+            return  # it never wrote (a reader, a rebuilder): nothing to replay, and no replacement waits for it
         replayer = self.cluster.writer_id()
         header = m.Replay(replayer=replayer, entries=[[e.seq, e.cid, e.cseq, [[t, k] for t, k, _, _ in e.writes]]
                                                      for e in entries]).header()

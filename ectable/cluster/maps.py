@@ -64,6 +64,11 @@ class ClusterMap:
         """This object's name as a writer, registered before its first write."""
         return self.writer
 
+    def is_writer(self) -> bool:
+        """Whether this object is a writer already (registered when a client of it first wrote): only
+        writers are waited for by replacements, so only they check in with one."""
+        return self.writer is not None
+
     def rebuilt(self, p: int) -> None:
         """The node at p reported nothing left to rebuild."""
 
