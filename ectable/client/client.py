@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import clock
 from ..config import DEADLINE
-from ..errors import Error, InvalidRequest, NodeDown, Replaying, StaleCut, Unavailable
+from ..errors import Error, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable
 from .repair import Repair
 from ..protocol import messages as m, validate
 from ..protocol.messages import ErrorCode
@@ -241,12 +241,16 @@ class Client:
             if entry is not None and entry.replayed:
                 return  # a failover took it: replayed there, unless its parity already held it
             if state == "dead":
-                for table, kind, ids, values in writes[degraded:]:
-                    self.repair.write(table, kind, ids, values)
-                    degraded += 1
-                return
-            if entry is None:
-                entry = self._logged(p, writes)
+                try:
+                    for table, kind, ids, values in writes[degraded:]:
+                        self.repair.write(table, kind, ids, values, self.cluster.last_source(p))
+                        degraded += 1
+                    return
+                except Replaced:  # its parity holders know of a spare this client has not seen yet
+                    self.cluster.refresh()
+                    return attempt()
+            if entry is None:  # a spare came meanwhile: what went through the parity is not written again
+                entry = self._logged(p, writes[degraded:])
             entry.seq = self._call(p, *self._write_request(entry))[0]["seq"]
         self._with_failover(p, attempt)
 
@@ -490,7 +494,7 @@ class Client:
     def _call(self, p, header, arrays):
         if self._steps:
             self._finish_steps()
-        deadline = None
+        deadline, pause = None, 0.002
         while True:
             try:
                 reply = self.cluster.channel(p).call(header, arrays, DEADLINE)
@@ -503,7 +507,8 @@ class Client:
                 deadline = deadline or clock.monotonic() + REPLAY_WAIT
                 if clock.monotonic() > deadline:
                     raise Error(f"node {p} waited for writers' replays longer than {REPLAY_WAIT} s") from None
-                clock.sleep(0.002)
+                clock.sleep(pause)
+                pause = min(pause * 2, 0.05)  # a replay takes a round trip; a writer that is away, seconds
                 self._state(p)
 
     def _check_reply(self, p, reply, out):
@@ -528,6 +533,8 @@ class Client:
             raise down
         if error == ErrorCode.REPLAYING:
             raise Replaying(reply.get("message"))
+        if error == ErrorCode.REPLACED:
+            raise Replaced(reply.get("message"))
         if error == ErrorCode.INVALID:
             raise InvalidRequest(reply["message"])
         if error:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import clock
-from ..errors import Error, NodeDown, StaleCut, Unavailable
-from ..protocol.messages import Delta, Get, GetParity, Missing, Restore, Status
+from ..errors import Error, NodeDown, Replaced, StaleCut, Unavailable
+from ..protocol.messages import Delta, Get, GetParity, Holds, Missing, Restore, Status
 from ..storage.shard import NotRebuilt
 
 
@@ -180,8 +180,9 @@ class Repair:
                 .view(np.float32) for table, (_, inverse) in plan.items()}
 
     # -- writing through parity ------------------------------------------
-    def write(self, table: str, kind: str, ids: np.ndarray, values: np.ndarray) -> None:
-        """Apply a write to rows of a dead node by updating their parity alone."""
+    def write(self, table: str, kind: str, ids: np.ndarray, values: np.ndarray, dead: str | None = None) -> None:
+        """Apply a write to rows of a dead node (identity `dead`) by updating their parity alone; `Replaced`
+        (nothing changed) if a parity holder knows the position has a replacement."""
         spec, layout = self.client._table(table)
         old = self.read(table, ids)
         new = old.copy()
@@ -191,15 +192,33 @@ class Repair:
             spec.make_optimizer().step(new, values, spec.dim)
         delta = old.view(np.uint8) ^ new.view(np.uint8)
         stripes = layout.stripe(ids)
+        position = int(layout.data_node(ids[:1])[0]) if ids.size else None
+        self._parity_ready(table, layout, stripes)
         usable = self.client._states() != "dead"
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
             for target in np.unique(targets):
                 if usable[target]:  # a dead holder's parity is rebuilt from the data later
                     pick = targets == target
-                    self.send_delta(int(target), table, ids[pick], delta[pick])
+                    self.send_delta(int(target), table, ids[pick], delta[pick], position, dead)
 
-    def send_delta(self, target: int, table: str, ids, delta) -> None:
+    def _parity_ready(self, table: str, layout, stripes: np.ndarray) -> None:
+        """Before a degraded write: every live holder has the parity rows of `stripes` (a rebuilding one
+        rebuilds those it lacks now), so that its delta is applied everywhere or nowhere, never skipped by
+        a row that is rebuilt later from data that does not hold it."""
+        states = self.client._states()
+        asks = {}
+        for j in range(layout.r):
+            targets = layout.parity_node(stripes, j)
+            for target in np.unique(targets[states[targets] != "dead"]).tolist():
+                asks[(target, table)] = (Holds(table=table).header(), [np.unique(stripes[targets == target])])
+        for (target, _), (reply, arrays) in self.client._gather(asks).items():
+            lacking = asks[(target, table)][1][0][arrays[0] == 0]
+            if lacking.size:
+                self._rebuild_parity(target, {table: lacking}, reply.get("generation", 0))
+
+    def send_delta(self, target: int, table: str, ids, delta, position: int | None = None,
+                   dead: str | None = None) -> None:
         """Send a delta to the parity holder at `target` until it acknowledges it or is failed over (then its
         parity is rebuilt from the data). The same delta number each time: a holder applies it once; a
         degraded write is never applied twice, whatever was lost on the way."""
@@ -207,12 +226,15 @@ class Repair:
         ids, delta = ids[order], delta[order]
         seq = self._next_seq.get(target, 0) + 1
         self._next_seq[target] = seq
-        header = Delta(source=self.source, seq=seq, tables=[table]).header()
+        header = Delta(source=self.source, seq=seq, tables=[table], position=position, dead=dead).header()
         holder = self.client.cluster.source(target)
         while True:
             try:
                 self.client._call(target, header, [ids, delta])
                 return
+            except Replaced:  # refused before it was applied: the number is free again
+                self._next_seq[target] = seq - 1
+                raise
             except NodeDown:
                 self.client._lost(target)
                 if self.client.cluster.source(target) != holder:

@@ -72,6 +72,10 @@ class ClusterMap:
     def rebuilt(self, p: int) -> None:
         """The node at p reported nothing left to rebuild."""
 
+    def last_source(self, p: int) -> str | None:
+        """The identity that held position p last, dead or alive."""
+        return None
+
     def settled_marks(self, source):
         """What survivors' parity held of dead `source`'s writes when it was reconciled (`Map.settled_marks`),
         or None if not recorded."""
@@ -190,6 +194,9 @@ class StoredMap:
 
     def settled_marks(self, source):
         return self._map.settled_marks(source)
+
+    def last_source(self, p: int) -> str | None:
+        return self._map.sources[p]
 
     writer: str | None = None
     _writer_lease: int | None = None

@@ -91,6 +91,7 @@ class NodeHost:
             if sources[target] is not None:
                 self.sources[target] = sources[target]
         self.endpoints = endpoints
+        self.node.sources = dict(self.sources)
         self.dead = set(dead)
         self.node.fenced |= {f for f in msg.fenced if isinstance(f, str)}
         for target in self.dead:

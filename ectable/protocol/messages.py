@@ -34,6 +34,7 @@ class ErrorCode(str, enum.Enum):
     OUT_OF_ORDER = "out_of_order"  # an earlier delta of this source is still on its way
     FENCED = "fenced"  # deltas of a node declared dead are refused
     REPLAYING = "replaying"  # a replacement waits for writers' replays: ask again shortly
+    REPLACED = "replaced"  # a degraded write for a position that has a replacement now: write to it
 
 
 def error(code: ErrorCode, message: str, **extra) -> dict:
@@ -183,11 +184,14 @@ class Status(Request):
 @request("delta")
 class Delta(Request):
     """Parity deltas of `source`'s window number `seq` (arrays: ids, delta bytes per table);
-    `clients`: each client's last write in it."""
+    `clients`: each client's last write in it. A degraded write (a client's, through the parity) names
+    the `position` of its rows and the identity it saw `dead` there."""
     source: str
     seq: int
     tables: list
     clients: dict | None = None
+    position: int | None = None
+    dead: str | None = None
     node: str | None = None
 
 

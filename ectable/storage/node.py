@@ -23,7 +23,8 @@ from .table import TableSpec
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
 SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long
 REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' replays
-HELD_FOR_REPLAYS = {"get_many", "write"}  # and uncommitted gets: what clients read and write
+HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
+# what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
 
@@ -52,6 +53,7 @@ class Node:
         self.durable_seq = 0
         self.applied: dict[str, int] = {}  # source -> seq of its last delta applied (they apply in order)
         self.fenced: set[str] = set()  # sources of nodes declared dead: their late deltas are refused
+        self.sources: dict[int, str] = {}  # the identity at each position, as the last map said
         self.rejected = 0
         self.lazy_close = lazy_close  # step() only marks the window for closing (node processes)
         self.close_pending = False
@@ -293,6 +295,9 @@ class Node:
         last = self.applied.get(source, 0)
         if seq <= last:
             return {"ack": seq}, []  # a copy of one already applied: acknowledge it again
+        now = self.sources.get(msg.position) if msg.position is not None else None
+        if msg.dead is not None and now not in (None, msg.dead) and now not in self.fenced:  # a new degraded write
+            return messages.error(ErrorCode.REPLACED, f"position {msg.position} has a replacement: write to it"), []
         if seq != last + 1:  # an earlier one is still on its way: the sender resends this one
             return messages.error(ErrorCode.OUT_OF_ORDER, f"expected delta {last + 1} of {source}, got {seq}"), []
         self._arrays(arrays, 2 * len(tables))
@@ -331,13 +336,14 @@ class Node:
         return {"clients": self.applied_clients.get(msg.source, {})}, []
 
     def op_holds(self, msg, arrays):
-        """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt)."""
+        """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt); and
+        the node's generation (a restore of what was read before a later invalidation is refused)."""
         shard = self._shard(msg.table)
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
         _, local = shard.parity_slots(stripes)
         missing = shard.missing_parity
-        return {}, [np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8)]
+        return {"generation": self.generation}, [np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8)]
 
     def op_get_parity(self, msg, arrays):
         shard = self._shard(msg.table)
