@@ -91,3 +91,14 @@ def test_only_holders_behind_a_stripes_most_advanced_forget_their_parity():
     first = stripes[rows][0]
     other = holders[stripes == first][0]
     assert first not in stale.get(int(other[other != 5][0]), [])  # its stripe's other holder is now the most advanced
+
+
+def test_a_reconciled_nodes_marks_are_kept_in_the_map():
+    m = plans.declare_dead(cluster_map(), [2])
+    settled = m.settle(2, "node/2/a", {0: {"c1": 4}, 1: {"c1": 3, "c2": 1}}, [[1, "t", [5, 7]]])
+    assert settled.failing == () and settled.settled_marks("node/2/b") is None
+    again = Map.decode(settled.encode(), 9)
+    assert again.settled_marks("node/2/a") == ({0: {"c1": 4}, 1: {"c1": 3, "c2": 1}}, [(1, "t", [5, 7])])
+    for n in range(80):  # only the last ones are kept
+        again = again.settle(0, f"node/0/{n}", {}, [])
+    assert again.settled_marks("node/2/a") is None and again.settled_marks("node/0/79") == ({}, [])
