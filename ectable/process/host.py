@@ -28,6 +28,7 @@ class NodeHost:
         self.dead: set[int] = set()
         self.running = True
         self.lazy_close = False  # nodes of processes close windows when idle
+        self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
 
     def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
         """Answer one request: a control op here, anything else by the node."""
@@ -100,6 +101,17 @@ class NodeHost:
             if target != self.node.position and target not in self.dead:
                 self._connect(target)
         return {"source": self.node.source}
+
+    def take_ack(self, target: int, header: dict) -> None:
+        """A peer's answer to one of this node's deltas: acknowledged, or out of order (an earlier one was
+        lost: every delta to that peer is sent again at the next resend pass)."""
+        seq = header.get("ack")
+        if isinstance(seq, int) and self.inflight.pop((target, seq), None) is not None:
+            self.node.acked(target, seq)
+        elif header.get("error") == ErrorCode.OUT_OF_ORDER:
+            for key, (frames, _) in list(self.inflight.items()):
+                if key[0] == target:
+                    self.inflight[key] = (frames, float("-inf"))
 
     def beat(self) -> dict:
         """This node's presence: who it is, and whether (and since which invalidation) it rebuilds."""

@@ -52,7 +52,6 @@ class NodeServer(NodeHost):
         self.rebuilder: Rebuilder | None = None
         self.next_rebuilder = 0.0
         self.peers: dict[int, zmq.Socket] = {}
-        self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
         self.malformed = 0
         self.faults: dict[str, float] = {}  # armed by the owning cluster's `fault` op, for tests
         self.fault_hits = 0
@@ -243,13 +242,7 @@ class NodeServer(NodeHost):
                 header, _ = codec.decode(frames)
             except codec.Malformed:
                 continue
-            seq = header.get("ack")
-            if isinstance(seq, int) and self.inflight.pop((target, seq), None) is not None:
-                self.node.acked(target, seq)
-            elif header.get("error") == ErrorCode.OUT_OF_ORDER:  # an earlier delta was lost: send them all again now
-                for key, (frames, _) in list(self.inflight.items()):
-                    if key[0] == target:
-                        self.inflight[key] = (frames, 0.0)
+            self.take_ack(target, header)
 
     def close(self) -> None:
         if self.rebuilder is not None:

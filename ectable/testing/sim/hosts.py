@@ -34,7 +34,6 @@ class SimNodeHost(NodeHost):
         self.world, self.network, self.store = world, network, store
         self.cluster_of = cluster_of  # actor -> a cluster map of its own (for the rebuilder's clients)
         self.alive, self.lazy_close = True, True
-        self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
         self.links: dict[int, int] = {}  # target -> how often the link to it was dropped (late acks are moot)
         self.lease: int | None = None
         self.announced: dict | None = None
@@ -122,16 +121,9 @@ class SimNodeHost(NodeHost):
         if self.node is None or self.node.source != source or self.links.get(target, 0) != link:
             return  # the reply of a link since dropped (its socket would be closed)
         try:
-            header, _ = codec.decode(frames)
+            self.take_ack(target, codec.decode(frames)[0])
         except codec.Malformed:
             return
-        seq = header.get("ack")
-        if isinstance(seq, int) and self.inflight.pop((target, seq), None) is not None:
-            self.node.acked(target, seq)
-        elif header.get("error") == ErrorCode.OUT_OF_ORDER:  # an earlier delta was lost: send them all again
-            for key, (frames, _) in list(self.inflight.items()):
-                if key[0] == target:
-                    self.inflight[key] = (frames, -RESEND)
 
     def _drop_peer(self, target: int) -> None:
         for key in [key for key in self.inflight if key[0] == target]:
