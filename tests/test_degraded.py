@@ -3,7 +3,7 @@ by a holder that knows of the replacement (the node logic, without transport).""
 import numpy as np
 
 from ectable.config import ClusterConfig
-from ectable.protocol.messages import Delta, ErrorCode
+from ectable.protocol.messages import Delta, ErrorCode, Holds
 from ectable.storage.node import Node
 from ectable.storage.table import TableSpec
 
@@ -47,3 +47,17 @@ def test_a_holder_takes_a_degraded_write_while_the_dead_node_is_there_and_acks_c
     node.sources = {p: "node/spare2"}
     node.fenced |= {"node/spare2"}  # the replacement died too: writes go through the parity again
     assert degraded(node, p, "node/dead", seq=2)["ack"] == 2
+
+
+def test_holders_that_agreed_to_a_degraded_write_take_it_and_count_it():
+    node, p = holder_of(5)
+    stripes = CONFIG.layout(SPEC).stripe(np.array([5]))
+    node.sources, node.fenced = {p: "node/dead"}, {"node/dead"}
+    ask = Holds(table="t", source="repair/x", position=p, dead="node/dead").header()
+    reply, (has, counts) = node.handle(ask, [stripes])
+    assert "error" not in reply and has.tolist() == [1] and counts.tolist() == [0]
+    node.sources = {p: "node/spare"}  # a replacement came between the question and the delta: still taken
+    assert degraded(node, p, "node/dead")["ack"] == 1
+    assert node.handle({"op": "get_parity", "table": "t"}, [stripes])[1][1].tolist() == [1]
+    late = Holds(table="t", source="repair/y", position=p, dead="node/dead").header()
+    assert ErrorCode(node.handle(late, [stripes])[0]["error"]) is ErrorCode.REPLACED

@@ -51,10 +51,11 @@ class Repair:
         stripes = np.unique(self.client._table(table)[1].stripe(ids))
         self._short(table, stripes, self._slots(table, stripes)[2])
 
-    def recover(self, table: str, stripes: np.ndarray, skip: int | None = None) -> tuple[np.ndarray, dict]:
+    def recover(self, table: str, stripes: np.ndarray, skip: int | None = None) -> tuple:
         """Every slot (data records and parity, as bytes) of `stripes`, [n, k + r, record bytes], decoded
-        from a consistent cut; and that cut: {position: (source, delta numbers sent per target)} of the
-        data slots read directly. Slots on node `skip` (the one being rebuilt) are not read.
+        from a consistent cut; that cut: {position: (source, delta numbers sent per target, marks)} of the
+        data slots read directly; and per stripe the degraded writes its parity rows read hold (-1: none
+        read). Slots on node `skip` (the one being rebuilt) are not read.
 
         Slots are read from any live node, rebuilding ones included (a slot they have not rebuilt yet
         counts as lost). The cut is consistent when every parity holder read has applied exactly the
@@ -75,7 +76,7 @@ class Repair:
                     self._read(cuts)
                     for cut in cuts.values():
                         cut["read"] = self._inconsistent(cut["nodes"], cut["chosen"] & ~cut["virtual"],
-                                                         cut["senders"], cut["holders"], cut["k"])
+                                                         cut["senders"], cut["holders"], cut["k"], cut["versions"])
                     if any(cut["read"].any() for cut in cuts.values()):
                         if clock.monotonic() > deadline:
                             raise Error(f"tables {list(stripes)}: parity holders kept lagging behind the data")
@@ -86,7 +87,7 @@ class Repair:
             break
         for cut in cuts.values():
             self._decode(cut["blocks"], cut["chosen"], cut["nodes"].shape[1])
-        return {table: (cut["blocks"], cut["senders"]) for table, cut in cuts.items()}
+        return {table: (cut["blocks"], cut["senders"], cut["versions"].max(axis=1)) for table, cut in cuts.items()}
 
     def _start(self, table, stripes, skip, unread) -> dict:
         """A fresh read of `stripes`: which slots to read from where (again after a failover)."""
@@ -99,12 +100,14 @@ class Repair:
         chosen = have & (np.cumsum(have, axis=1) <= layout.k)
         return {"table": table, "stripes": stripes, "k": layout.k, "nodes": nodes, "virtual": virtual,
                 "chosen": chosen, "read": chosen & ~virtual, "senders": {}, "holders": {},
+                "versions": np.full(nodes.shape, -1, dtype=np.int64),
                 "blocks": np.zeros((stripes.size, layout.width, spec.width * 4), dtype=np.uint8)}
 
     @staticmethod
-    def _inconsistent(nodes, read, senders, holders, k) -> np.ndarray:
+    def _inconsistent(nodes, read, senders, holders, k, versions) -> np.ndarray:
         """Slots to read again: parity of holders that have not applied every delta the data nodes
-        read had sent them, and data of nodes that sent deltas a holder applied after the data was read."""
+        read had sent them, or fewer degraded writes than another holder of the stripe read (one is on
+        its way to them), and data of nodes that sent deltas a holder applied after the data was read."""
         lagging, ahead = set(), set()
         for q, applied in holders.items():
             for d, (source, sent, _) in senders.items():
@@ -116,6 +119,8 @@ class Repair:
         again = np.zeros(read.shape, dtype=bool)
         again[:, :k] = np.isin(nodes[:, :k], list(ahead))
         again[:, k:] = np.isin(nodes[:, k:], list(lagging))
+        counts = np.where(read[:, k:], versions[:, k:], -1)
+        again[:, k:] |= read[:, k:] & (counts < counts.max(axis=1, keepdims=True))
         return again & read
 
     def _read(self, cuts: dict) -> None:
@@ -139,6 +144,8 @@ class Repair:
             cut = cuts[table]
             rows, cols = where[(node, kind, table)]
             cut["blocks"][rows, cols] = arrays[0].view(np.uint8) if kind == "data" else arrays[0]
+            if kind == "parity":
+                cut["versions"][rows, cols] = arrays[1]
             if kind == "data":
                 marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
                 cut["senders"][node] = (reply["source"], reply["sent"], marks)
@@ -193,7 +200,7 @@ class Repair:
         delta = old.view(np.uint8) ^ new.view(np.uint8)
         stripes = layout.stripe(ids)
         position = int(layout.data_node(ids[:1])[0]) if ids.size else None
-        self._parity_ready(table, layout, stripes)
+        self._parity_ready(table, layout, stripes, position, dead)
         usable = self.client._states() != "dead"
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
@@ -202,16 +209,18 @@ class Repair:
                     pick = targets == target
                     self.send_delta(int(target), table, ids[pick], delta[pick], position, dead)
 
-    def _parity_ready(self, table: str, layout, stripes: np.ndarray) -> None:
-        """Before a degraded write: every live holder has the parity rows of `stripes` (a rebuilding one
-        rebuilds those it lacks now), so that its delta is applied everywhere or nowhere, never skipped by
-        a row that is rebuilt later from data that does not hold it."""
+    def _parity_ready(self, table: str, layout, stripes: np.ndarray, position, dead) -> None:
+        """Before a degraded write: every live holder agrees to take it (`Replaced` if one knows of a
+        replacement: nothing was sent) and has the parity rows of `stripes` (a rebuilding one rebuilds
+        those it lacks now), so that its delta is applied everywhere or nowhere, never skipped by a row
+        that is rebuilt later from data that does not hold it."""
         states = self.client._states()
         asks = {}
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
             for target in np.unique(targets[states[targets] != "dead"]).tolist():
-                asks[(target, table)] = (Holds(table=table).header(), [np.unique(stripes[targets == target])])
+                asks[(target, table)] = (Holds(table=table, source=self.source, position=position, dead=dead).header(),
+                                         [np.unique(stripes[targets == target])])
         for (target, _), (reply, arrays) in self.client._gather(asks).items():
             lacking = asks[(target, table)][1][0][arrays[0] == 0]
             if lacking.size:
@@ -257,10 +266,11 @@ class Repair:
         was read at (the node adds the newer ones it skipped meanwhile, and waits for older ones still on
         their way). A table is given up (the next round reads again) if the node moved on further than
         it remembers."""
-        for table, (blocks, senders) in self.recover_many(stripes, skip=position).items():
+        for table, (blocks, senders, counts) in self.recover_many(stripes, skip=position).items():
             layout = self.client._table(table)[1]
             slot = layout.slot_on(position, stripes[table])
             rows = np.ascontiguousarray(blocks[np.arange(stripes[table].size), slot])
+            counts = self._degraded_counts(table, layout, stripes[table], counts, position)
             cut = {source: int(sent.get(str(position), 0)) for source, sent, _ in senders.values()}
             marks = {source: m for source, _, m in senders.values()}  # which writes the rebuilt rows hold
             header = Restore(table=table, kind="parity", cut=cut, generation=generation, node=self._node(position),
@@ -268,13 +278,34 @@ class Repair:
             wait, deadline = 0.001, clock.monotonic() + 5.0
             while True:
                 try:
-                    self.client._call(position, header, [stripes[table], rows])
+                    self.client._call(position, header, [stripes[table], rows, counts])
                     break
                 except StaleCut as stale:
                     if not stale.behind or clock.monotonic() > deadline:
                         break
                     clock.sleep(wait)
                     wait = min(2 * wait, 0.05)
+
+    def _degraded_counts(self, table: str, layout, stripes, counts, position: int) -> np.ndarray:
+        """How many degraded writes rebuilt parity rows hold: as the parity rows their decode read, or,
+        where it read none (all data was there), as another live holder's row."""
+        counts = counts.copy()
+        states = self.client._states()
+        for j in range(layout.r):
+            unknown = counts < 0
+            if not unknown.any():
+                break
+            holders = layout.parity_node(stripes, j)
+            asks = {(int(q),): (Holds(table=table).header(), [stripes[unknown & (holders == q)]])
+                    for q in np.unique(holders[unknown]).tolist() if q != position and states[q] != "dead"}
+            try:
+                answers = self.client._gather(asks)
+            except (NodeDown, NotRebuilt):
+                continue
+            for (q,), (_, arrays) in answers.items():
+                pick = unknown & (holders == q)
+                counts[pick] = np.where(arrays[0].astype(bool), arrays[1], -1)
+        return np.maximum(counts, 0)
 
     def rebuild_step(self, position: int, budget: int) -> int:
         """Rebuild up to `budget` rows and parity rows of the node at `position`; returns how many remain."""

@@ -204,7 +204,14 @@ class Applied(Request):
 
 @request("holds")
 class Holds(Request):
+    """Which parity rows of stripes (arrays: stripes) this node has. Before a degraded write, `source`
+    (the writer's repair source) with the `position` and `dead` identity it writes for: refused
+    (`replaced`) if the position has a replacement, else the writer's deltas are taken for a while even
+    if one comes (so the write reaches every holder or none)."""
     table: str
+    source: str | None = None
+    position: int | None = None
+    dead: str | None = None
     node: str | None = None
 
 

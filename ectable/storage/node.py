@@ -22,6 +22,7 @@ from .table import TableSpec
 
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
 SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long
+PROMISE_SECONDS = 5.0  # a degraded write that every holder agreed to is taken this long, replacement or not
 REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' replays
 HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
@@ -54,6 +55,7 @@ class Node:
         self.applied: dict[str, int] = {}  # source -> seq of its last delta applied (they apply in order)
         self.fenced: set[str] = set()  # sources of nodes declared dead: their late deltas are refused
         self.sources: dict[int, str] = {}  # the identity at each position, as the last map said
+        self.promised: dict[str, float] = {}  # repair source -> until when its degraded deltas are taken
         self.rejected = 0
         self.lazy_close = lazy_close  # step() only marks the window for closing (node processes)
         self.close_pending = False
@@ -295,8 +297,7 @@ class Node:
         last = self.applied.get(source, 0)
         if seq <= last:
             return {"ack": seq}, []  # a copy of one already applied: acknowledge it again
-        now = self.sources.get(msg.position) if msg.position is not None else None
-        if msg.dead is not None and now not in (None, msg.dead) and now not in self.fenced:  # a new degraded write
+        if self._replaced(msg) and self.clock() > self.promised.get(source, -1.0):  # a new degraded write
             return messages.error(ErrorCode.REPLACED, f"position {msg.position} has a replacement: write to it"), []
         if seq != last + 1:  # an earlier one is still on its way: the sender resends this one
             return messages.error(ErrorCode.OUT_OF_ORDER, f"expected delta {last + 1} of {source}, got {seq}"), []
@@ -309,6 +310,9 @@ class Node:
             if delta.dtype != np.uint8 or delta.shape != (ids.size, shard.width * 4):
                 raise InvalidRequest(f"table {name!r}: delta must be uint8 of shape ({ids.size}, {shard.width * 4})")
             work.append((shard, ids, delta, shard.delta_slots(ids), source, seq))
+        if msg.dead is not None:  # counted at once; the bytes follow before anything reads parity
+            for shard, ids, *_ in work:
+                shard.count_degraded(ids)
         self.queued.extend(work)  # applied when the node is idle, or before anything reads parity
         self.queued_rows += sum(w[1].size for w in work)
         if self.queued_rows > MAX_QUEUED_ROWS:
@@ -335,6 +339,11 @@ class Node:
         """Per client, the last write whose delta from `source` this node holds."""
         return {"clients": self.applied_clients.get(msg.source, {})}, []
 
+    def _replaced(self, msg) -> bool:
+        """Does a degraded write (`position`, `dead`) come too late: a live replacement stands there?"""
+        now = self.sources.get(msg.position) if msg.position is not None else None
+        return msg.dead is not None and now not in (None, msg.dead) and now not in self.fenced
+
     def op_holds(self, msg, arrays):
         """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt); and
         the node's generation (a restore of what was read before a later invalidation is refused)."""
@@ -343,18 +352,24 @@ class Node:
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
         _, local = shard.parity_slots(stripes)
         missing = shard.missing_parity
-        return {"generation": self.generation}, [np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8)]
+        if msg.source is not None:
+            if self._replaced(msg):
+                return messages.error(ErrorCode.REPLACED, f"position {msg.position} has a replacement: write to it"), []
+            self.promised[msg.source] = self.clock() + PROMISE_SECONDS
+        return {"generation": self.generation}, [
+            np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8), shard.versions[local]]
 
     def op_get_parity(self, msg, arrays):
         shard = self._shard(msg.table)
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
-        return {"applied": dict(self.applied)}, [shard.read_parity(stripes)]
+        return {"applied": dict(self.applied)}, list(shard.read_parity(stripes))
 
     def op_restore(self, msg, arrays):
-        """Install rebuilt data records (header kind "data") or parity rows ("parity")."""
+        """Install rebuilt data records (kind "data"; arrays ids, records) or parity rows ("parity";
+        arrays stripes, rows, and the degraded writes each holds)."""
         shard = self._shard(msg.table)
-        keys, values = self._arrays(arrays, 2)
+        keys, values, *versions = self._arrays(arrays, 3 if msg.kind == "parity" else 2)
         if shard.missing_data is None:
             return {}, []
         cut = msg.cut
@@ -372,9 +387,11 @@ class Node:
             keys = validate.ids(shard.spec.name, keys, shard.layout.num_stripes)
             if values.dtype != np.uint8 or values.shape != (keys.size, shard.width * 4):
                 raise InvalidRequest(f"table {shard.spec.name!r}: parity rows have the wrong shape")
+            if versions[0].dtype != np.int64 or versions[0].shape != keys.shape:
+                raise InvalidRequest(f"table {shard.spec.name!r}: parity rows need their degraded-write counts")
             later = [(ids, delta) for source, seq in cut.items() for n, _, name, ids, delta
                      in self.skipped.get(source, ()) if n > seq and name == shard.spec.name]
-            shard.restore_parity(keys, values, later)
+            shard.restore_parity(keys, values, versions[0], later)
             marks = msg.marks
             if isinstance(marks, dict):  # rebuilt rows hold each source's windows up to the cut: so must its marks
                 for source, m in marks.items():

@@ -40,6 +40,7 @@ class Shard:
         self.dim, self.width = spec.dim, spec.width
         self.records = np.zeros((layout.data_capacity(), self.width), dtype=np.float32)
         self.parity = np.zeros((layout.parity_capacity(), self.width * 4), dtype=np.uint8)
+        self.versions = np.zeros(self.parity.shape[0], dtype=np.int64)  # degraded writes each parity row holds
         self.window = Window(layout.data_capacity(), self.width)
         local_ids = layout.data_ids(node, np.arange(layout.data_capacity()))
         valid = local_ids < spec.num_rows
@@ -155,11 +156,17 @@ class Shard:
         gf256.xor_into(block, self.code.delta_terms(j, pos, delta))
         self.parity[local] = block
 
-    def read_parity(self, stripes) -> np.ndarray:
+    def read_parity(self, stripes) -> tuple[np.ndarray, np.ndarray]:
+        """Parity rows of `stripes` and how many degraded writes each holds (a decode that reads two
+        holders of a stripe is consistent only where they hold as many)."""
         _, local = self.parity_slots(stripes)
         if self.missing_parity is not None and self.missing_parity[local].any():
             raise NotRebuilt(self.spec.name, stripes[self.missing_parity[local]], "parity")
-        return self.parity[local]
+        return self.parity[local], self.versions[local]
+
+    def count_degraded(self, ids: np.ndarray) -> None:
+        """A degraded write (a client's, through the parity alone) of rows `ids` reached this holder."""
+        self.versions[self.parity_slots(np.unique(self.layout.stripe(ids)))[1]] += 1
 
     # -- rebuild ---------------------------------------------------------
     def restore(self, ids, records) -> None:
@@ -170,12 +177,14 @@ class Shard:
         self.missing_data[local[todo]] = False
         self._settle()
 
-    def restore_parity(self, stripes, rows, later=()) -> None:
-        """Install rebuilt parity rows of `stripes` not rebuilt yet, then fold in the deltas `later`
-        ([(ids, delta)], skipped while they were missing) that are newer than the data they came from."""
+    def restore_parity(self, stripes, rows, versions, later=()) -> None:
+        """Install rebuilt parity rows of `stripes` not rebuilt yet (with the degraded writes the decoded
+        data held), then fold in the deltas `later` ([(ids, delta)], skipped while they were missing)
+        that are newer than the data they came from."""
         _, local = self.parity_slots(stripes)
         todo = self.missing_parity[local]
         self.parity[local[todo]] = rows[todo]
+        self.versions[local[todo]] = versions[todo]
         self.missing_parity[local[todo]] = False
         fresh = stripes[todo]
         for ids, delta in later:
