@@ -182,7 +182,7 @@ class Simulation:
             cluster.refresh()
         return cluster
 
-    def train(self, ops: int) -> "Training":
+    def train(self, ops: int) -> None:
         """Start the cluster, train `ops` requests under the seed's faults, heal, recover, check everything."""
         world = self.world
         client = Client(self.start())
@@ -197,7 +197,6 @@ class Simulation:
         client.wait_recovered(timeout=600.0)
         client.flush(timeout=FLUSH_TIMEOUT)
         training.check_everything()
-        return training
 
     def heal(self) -> None:
         """End every fault: partitions end, a decider runs, every dead position can get a spare."""
@@ -304,7 +303,7 @@ def run(seed: int, code: str = "xor", ops: int = 60, trace: bool = False) -> Out
         with clock.use(world):
             try:
                 with world.acting("client"):
-                    training = sim.train(ops)
+                    sim.train(ops)
             finally:
                 world.close()  # ends the fibers' threads while they still read the world's clock
         if world.problems:
