@@ -11,14 +11,9 @@ from ectable.client import client as client_module
 from ectable.testing import sim
 
 SEEDS = 250
-# Seeds that still fail, each replaying an open bug (docs/design.md, "Known limits, open"): a seed that
-# starts failing, or one of these that starts passing, fails the test, so this list stays exact.
-KNOWN = {
-    "xor": set(),
-    # two parity holders of a stripe hold different counts of degraded writes for good; decodes of the
-    # stripe refuse to mix them and give up after 30 s ("parity holders kept lagging behind the data")
-    "rs": {242},
-}
+# Seeds that fail, each replaying an open bug (docs/design.md, "Known limits, open"): a seed that starts
+# failing, or a listed one that starts passing, fails the test, so the list stays exact. None now.
+KNOWN: dict[str, set] = {"xor": set(), "rs": set()}
 
 
 @pytest.mark.timeout(1200)

@@ -244,8 +244,8 @@ class Repair:
             except Replaced:  # refused before it was applied: the number is free again
                 self._next_seq[target] = seq - 1
                 raise
-            except NodeDown:
-                self.client._lost(target)
+            except NodeDown:  # wait until it is failed over (or answers); the client fails over after the write:
+                self.client.cluster.mark_dead(target)  # failing over now could raise before every holder has it
                 if self.client.cluster.source(target) != holder:
                     return
 
