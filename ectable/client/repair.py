@@ -200,8 +200,9 @@ class Repair:
         delta = old.view(np.uint8) ^ new.view(np.uint8)
         stripes = layout.stripe(ids)
         position = int(layout.data_node(ids[:1])[0]) if ids.size else None
-        self._parity_ready(table, layout, stripes, position, dead)
-        usable = self.client._states() != "dead"
+        states = self.client._states()  # the holders asked first are the holders written: a spare that
+        self._parity_ready(table, layout, stripes, position, dead, states)  # comes meanwhile rebuilds its
+        usable = states != "dead"  # rows once this writer checked in, so from parity that has the write
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
             for target in np.unique(targets):
@@ -209,12 +210,11 @@ class Repair:
                     pick = targets == target
                     self.send_delta(int(target), table, ids[pick], delta[pick], position, dead)
 
-    def _parity_ready(self, table: str, layout, stripes: np.ndarray, position, dead) -> None:
+    def _parity_ready(self, table: str, layout, stripes: np.ndarray, position, dead, states) -> None:
         """Before a degraded write: every live holder agrees to take it (`Replaced` if one knows of a
         replacement: nothing was sent) and has the parity rows of `stripes` (a rebuilding one rebuilds
         those it lacks now), so that its delta is applied everywhere or nowhere, never skipped by a row
-        that is rebuilt later from data that does not hold it."""
-        states = self.client._states()
+        that is rebuilt later from data that does not hold it. `states`: the positions' states to go by."""
         asks = {}
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
