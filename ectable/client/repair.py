@@ -7,14 +7,12 @@ writers (see `recover`).
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from .. import clock
 from ..errors import Error, NodeDown, Replaced, StaleCut, Unavailable
 from ..protocol.messages import Delta, Get, GetParity, Holds, Missing, Restore, Status
 from ..storage.shard import NotRebuilt
-
 
 
 class Repair:
@@ -65,7 +63,7 @@ class Repair:
         return self.recover_many({table: stripes}, skip)[table]
 
     def recover_many(self, stripes: dict, skip: int | None = None) -> dict:
-        """`recover` of several tables ({table: stripes} -> {table: (blocks, cut)}), every table's
+        """`recover` of several tables ({table: stripes} -> {table: (blocks, cut, counts)}), every table's
         reads in flight at once; each table's cut is checked on its own."""
         deadline = clock.monotonic() + 30
         unread = {table: None for table in stripes}  # per table: slots a rebuilding node said it has not rebuilt
@@ -200,9 +198,11 @@ class Repair:
         delta = old.view(np.uint8) ^ new.view(np.uint8)
         stripes = layout.stripe(ids)
         position = int(layout.data_node(ids[:1])[0]) if ids.size else None
-        states = self.client._states()  # the holders asked first are the holders written: a spare that
-        self._parity_ready(table, layout, stripes, position, dead, states)  # comes meanwhile rebuilds its
-        usable = states != "dead"  # rows once this writer checked in, so from parity that has the write
+        # The holders asked first are the holders written: a spare that comes meanwhile rebuilds its rows
+        # once this writer checked in, so from parity that has the write.
+        states = self.client._states()
+        self._parity_ready(table, layout, stripes, position, dead, states)
+        usable = states != "dead"
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
             for target in np.unique(targets):
