@@ -102,3 +102,8 @@ def test_a_reconciled_nodes_marks_are_kept_in_the_map():
     for n in range(80):  # only the last ones are kept
         again = again.settle(0, f"node/0/{n}", {}, [])
     assert again.settled_marks("node/2/a") is None and again.settled_marks("node/0/79") == ({}, [])
+
+
+def test_a_reconcile_too_large_to_record_only_leaves_failing():
+    m = plans.declare_dead(cluster_map(), [2]).settle(2, "node/2/a", {0: {"c1": 4}}, None)
+    assert m.failing == () and m.settled == () and m.settled_marks("node/2/a") is None

@@ -138,7 +138,8 @@ class Client:
         return self._with_failover(p, attempt)
 
     def _with_failover(self, p, attempt):
-        """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first."""
+        """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first, and a
+        position this client saw dead is looked up again when its parity holders know of a replacement."""
         for _ in range(4 * self.nodes):
             try:
                 return attempt()
@@ -152,6 +153,8 @@ class Client:
                     self._lost(down.position)
             except NodeDown as exc:
                 self._lost(exc.position)
+            except Replaced:
+                self.cluster.refresh()
         raise Unavailable(f"node {p}: nodes kept failing while serving a request")
 
     # -- writes ----------------------------------------------------------
@@ -240,15 +243,11 @@ class Client:
                 state = self._state(p)
             if entry is not None and entry.replayed:
                 return  # a failover took it: replayed there, unless its parity already held it
-            if state == "dead":
-                try:
-                    for table, kind, ids, values in writes[degraded:]:
-                        self.repair.write(table, kind, ids, values, self.cluster.last_source(p))
-                        degraded += 1
-                    return
-                except Replaced:  # its parity holders know of a spare this client has not seen yet
-                    self.cluster.refresh()
-                    return attempt()
+            if state == "dead":  # (`Replaced`: its parity holders know of a spare this client has not seen)
+                for table, kind, ids, values in writes[degraded:]:
+                    self.repair.write(table, kind, ids, values, self.cluster.last_source(p))
+                    degraded += 1
+                return
             if entry is None:  # a spare came meanwhile: what went through the parity is not written again
                 entry = self._logged(p, writes[degraded:])
             entry.seq = self._call(p, *self._write_request(entry))[0]["seq"]

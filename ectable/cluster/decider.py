@@ -37,7 +37,8 @@ from .store import ClusterStore
 
 CONTROL_TIMEOUT = 2.0  # one round of control calls to nodes
 PATIENCE = 3  # rounds a live node (its lease kept) may fail to answer a reconcile before it is failed too
-ELECTION_TTL = 2.0  # a dead decider is replaced within this many seconds
+ELECTION_TTL = 2.0
+SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)  # a dead decider is replaced within this many seconds
 
 
 class Decider:
@@ -149,6 +150,8 @@ class Decider:
                 return self._unanswered(m, failed)
             lacking += [[q, spec["name"], stripes.tolist()] for q, stripes in lack.items() if stripes.size]
         self.log(f"epoch {m.epoch}: position {p} reconciled" + (f"; rebuilding parity on {[q for q in range(m.nodes) if new.generations[q] != m.generations[q]]}" if new != m else ""))
+        if sum(len(stripes) for _, _, stripes in lacking) > SETTLED_MAX_ROWS:
+            lacking = None  # too large for the map: clients that take p's log late ask the survivors
         return self._swap(m, new.settle(p, source, marks, lacking)) is not None
 
     def _unanswered(self, m: Map, failed: list[str]) -> bool:

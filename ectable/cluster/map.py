@@ -21,7 +21,9 @@ parity held of that node's writes when it was reconciled: `(source, ((q, {client
 ...), ((q, table, stripes whose parity row q lacked), ...))`. A dead node's writes can no longer
 reach any parity after that, and parity rebuilt later holds what the rebuilt data holds, so the
 record stays true: a client that takes the dead node's redo log late (after other holders were
-replaced, which forgets their marks) replays exactly what no parity held.
+replaced, which forgets their marks) replays exactly what no parity held. A reconcile that would
+list more than `decider.SETTLED_MAX_ROWS` lacking rows records nothing (such a client then asks the
+survivors, as when the record has scrolled out), so the map stays small.
 """
 from __future__ import annotations
 
@@ -76,12 +78,15 @@ class Map:
     def replace(self, **changes) -> "Map":
         return dataclasses.replace(self, **changes)
 
-    def settle(self, p: int, source: str, marks: dict, lacking: list) -> "Map":
+    def settle(self, p: int, source: str, marks: dict, lacking: list | None) -> "Map":
         """Position p's dead `source` is reconciled: it leaves `failing`, and what survivors' parity held of
-        its writes is recorded (`marks` {survivor: {client: last write}}, `lacking` [[q, table, stripes]])."""
+        its writes is recorded (`marks` {survivor: {client: last write}}, `lacking` [[q, table, stripes]];
+        None: not recorded)."""
+        failing = tuple(f for f in self.failing if tuple(f) != (p, source))
+        if lacking is None:
+            return self.replace(failing=failing)
         entry = (source, tuple((q, dict(c)) for q, c in sorted(marks.items())), tuple(tuple(x) for x in lacking))
-        return self.replace(failing=tuple(f for f in self.failing if tuple(f) != (p, source)),
-                            settled=(self.settled + (entry,))[-SETTLED_KEPT:])
+        return self.replace(failing=failing, settled=(self.settled + (entry,))[-SETTLED_KEPT:])
 
     def settled_marks(self, source: str):
         """({survivor: {client: last write}}, [(q, table, stripes lacked)]) recorded for `source`, or None."""

@@ -158,8 +158,6 @@ class Node:
     def op_get_many(self, msg, arrays):
         """Rows of several tables: header "tables", one ids array per table; "records": whole records."""
         tables = msg.tables
-        if not isinstance(tables, list):
-            raise InvalidRequest("get_many needs a list of tables")
         self._arrays(arrays, len(tables))
         work = [(self._shard(t), ids) for t, ids in zip(tables, arrays)]
         work = [(shard, self._ids(shard, ids)) for shard, ids in work]
@@ -298,7 +296,7 @@ class Node:
         if seq <= last:
             return {"ack": seq}, []  # a copy of one already applied: acknowledge it again
         if self._replaced(msg) and self.clock() > self.promised.get(source, -1.0):  # a new degraded write
-            return messages.error(ErrorCode.REPLACED, f"position {msg.position} has a replacement: write to it"), []
+            return self._replaced_reply(msg), []
         if seq != last + 1:  # an earlier one is still on its way: the sender resends this one
             return messages.error(ErrorCode.OUT_OF_ORDER, f"expected delta {last + 1} of {source}, got {seq}"), []
         self._arrays(arrays, 2 * len(tables))
@@ -344,6 +342,10 @@ class Node:
         now = self.sources.get(msg.position) if msg.position is not None else None
         return msg.dead is not None and now not in (None, msg.dead) and now not in self.fenced
 
+    @staticmethod
+    def _replaced_reply(msg) -> dict:
+        return messages.error(ErrorCode.REPLACED, f"position {msg.position} has a replacement: write to it")
+
     def op_holds(self, msg, arrays):
         """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt); and
         the node's generation (a restore of what was read before a later invalidation is refused)."""
@@ -354,8 +356,10 @@ class Node:
         missing = shard.missing_parity
         if msg.source is not None:
             if self._replaced(msg):
-                return messages.error(ErrorCode.REPLACED, f"position {msg.position} has a replacement: write to it"), []
-            self.promised[msg.source] = self.clock() + PROMISE_SECONDS
+                return self._replaced_reply(msg), []
+            now = self.clock()
+            self.promised = {s: t for s, t in self.promised.items() if t > now}  # one per writer at most
+            self.promised[msg.source] = now + PROMISE_SECONDS
         return {"generation": self.generation}, [
             np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8), shard.versions[local]]
 
@@ -373,7 +377,7 @@ class Node:
         if shard.missing_data is None:
             return {}, []
         cut = msg.cut
-        if not isinstance(cut, dict) or not all(isinstance(v, int) for v in cut.values()):
+        if not all(isinstance(v, int) for v in cut.values()):
             raise InvalidRequest("restore cut must map sources to delta numbers")
         if msg.generation not in (None, self.generation) or any(s in self.fenced for s in cut):
             return messages.error(ErrorCode.STALE_CUT, "rows were invalidated, or a source died, since the read"), []
