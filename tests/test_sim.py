@@ -29,6 +29,18 @@ def test_every_seed_keeps_the_guarantees(code):
     assert failed == KNOWN[code], f"failing seeds {sorted(failed)}, known {sorted(KNOWN[code])}\n{report}"
     assert lines[-1 - len(failed)].startswith(f"{SEEDS} seeds, {len(failed)} failed"), report
 
+# Seeds past SEEDS that found a bug once, replayed by every run so that it stays fixed.
+FOUND = [("rs", 253, "a client catching up on two moved positions failed the second over after the first's "
+                     "failover had caught it up: it declared the live replacement dead")]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("code,seed,bug", FOUND, ids=[f"{c}-{s}" for c, s, _ in FOUND])
+def test_seeds_that_found_a_bug_pass(code, seed, bug):
+    run = subprocess.run([sys.executable, "-m", "ectable.testing.sim", "--code", code, "--seed", str(seed)],
+                         capture_output=True, text=True, timeout=250)
+    assert run.returncode == 0, f"{bug}\n{run.stdout[-4000:]}"
+
 
 def test_a_seed_replays_exactly():
     first, again = sim.run(7, "rs"), sim.run(7, "rs")

@@ -29,6 +29,14 @@ class _Write:
         self.replayed = False  # a failover took it
 
 
+class _Moved(Exception):
+    """Position `position` holds another node than when this client last looked: fail it over first."""
+
+    def __init__(self, position):
+        super().__init__(position)
+        self.position = position
+
+
 class Client:
     """get / put / apply_gradient over a cluster's nodes (see SPEC section 3)."""
 
@@ -72,11 +80,13 @@ class Client:
         if name in self._tables and self._tables[name][0] != spec:
             raise InvalidRequest(f"table {name!r} exists with a different definition")
         header = m.CreateTable(spec=spec.get_config()).header()  # nodes compute initial parity: in parallel
+        self._catch_up()
         pending = self._positions()
         while pending:  # a node that dies meanwhile is failed over; what stands at its position gets the table
             failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
             for q in failed:
                 self._lost(q)
+            self._catch_up()
             pending = [q for q in failed if self._state(q) != "dead"]
         self._remember(spec)
 
@@ -142,17 +152,17 @@ class Client:
         position this client saw dead is looked up again when its parity holders know of a replacement."""
         for _ in range(4 * self.nodes):
             try:
-                return attempt()
-            except NotRebuilt as exc:
-                if exc.position not in (None, p):  # a survivor read for a decode was told to rebuild (by another client)
-                    self.cluster.mark_rebuilding(exc.position)
-                    continue
                 try:
+                    return attempt()
+                except NotRebuilt as exc:
+                    if exc.position not in (None, p):  # a survivor read for a decode was told to rebuild
+                        self.cluster.mark_rebuilding(exc.position)
+                        continue
                     self.repair.rebuild_rows(p, exc.missing)  # every table's rows the request touched
-                except NodeDown as down:
-                    self._lost(down.position)
             except NodeDown as exc:
                 self._lost(exc.position)
+            except _Moved as moved:
+                self._failover(moved.position)
             except Replaced:
                 self.cluster.refresh()
         raise Unavailable(f"node {p}: nodes kept failing while serving a request")
@@ -197,6 +207,7 @@ class Client:
 
     def _write(self, batch: dict) -> None:
         """Write {table: (kind, ids, values)}: one request per node, in parallel."""
+        self._catch_up()
         parts = self._parts({table: ids for table, (_, ids, _) in batch.items()})
         for p, ps in parts.items():  # refuse before writing anything if some rows cannot be served
             if self._state(p) == "dead":
@@ -235,7 +246,7 @@ class Client:
         def attempt():
             nonlocal entry, degraded
             self._finish_steps()  # may fail p over: before deciding, not between deciding and sending
-            state = self._state(p)  # may fail p over, which takes its redo log
+            state = self._state(p)  # `_Moved`: failed over (which takes its redo log), then tried again
             if state == "dead" and self.cluster.spares_left():
                 # a spare is on its way: write to it, not through the parity, which its rebuild may
                 # have read already (the write would then be missing from its rows)
@@ -266,9 +277,10 @@ class Client:
         answered plainly ("write": its seq, else its arrays). The others are left to the slow path,
         and so are logged writes (`entries`) that a failover met on the way has replayed already."""
         self._finish_steps()
+        self._catch_up()  # a failover takes the logged writes of its position: they are replayed there
         pending, done = {}, {}
         for p, (header, arrays) in requests.items():
-            if self._state(p) != "dead" and not (entries and entries[p].replayed):
+            if self._known_live(p) and not (entries and entries[p].replayed):
                 try:
                     pending[p] = self.cluster.channel(p).start(header, arrays)
                 except NodeDown:
@@ -308,20 +320,21 @@ class Client:
         also advances any rebuild (node processes rebuild themselves)."""
         self._close_windows()
         if not self.cluster.rebuilds_itself:
+            self._catch_up()
             for p in self._positions():
                 self._rebuild_some(p, self.rebuild_budget)
 
     def _rebuild_some(self, p, budget) -> int:
         """If node p is rebuilding, rebuild up to `budget` of its rows (failing over if nodes die meanwhile);
         returns how many it still lacks (0 once it is not rebuilding)."""
-        if self._state(p) != "rebuilding":
-            return 0
-        return self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, budget))
+        left = self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, budget))
+        return left or 0
 
     def _close_windows(self, wait: bool = False) -> None:
         """Ask every node to close its window; the replies are collected by the next request
         (so a node's closing overlaps the caller's own work), or now if `wait`."""
         self._finish_steps()
+        self._catch_up()
         for p in self._positions():
             try:
                 self._steps[p] = self.cluster.channel(p).start(m.Step().header(), [])
@@ -350,11 +363,12 @@ class Client:
         closed = set()  # (position, identity) of the nodes that closed their window
         while True:
             busy = []
+            self._catch_up()
             for p in self._positions():
                 key = (p, self._sources.get(p))
                 reply = self._try(p, m.Sync(close=close and key not in closed).header())
                 if reply is None:  # no answer: it died and was failed over, or it did not answer in time
-                    if close and self._state(p) != "dead":
+                    if close and self.cluster.state(p) != "dead":
                         busy.append(p)
                     continue
                 closed.add(key)
@@ -370,6 +384,7 @@ class Client:
         """Nodes with their roles and health, parity lag, dirty rows and recovery progress (rows, rate, ETA)."""
         nodes = []
         for p in range(self.nodes):
+            self._catch_up()  # a reply may have shown a newer map
             try:
                 if self._state(p) == "dead":
                     raise NodeDown(f"node {p} is dead")
@@ -405,8 +420,10 @@ class Client:
         deadline = clock.monotonic() + timeout
         while True:
             self.cluster.refresh()  # a spare may have been added since this client last read the map
+            self._catch_up()
             self._check_recoverable()
-            left = {p: self._rebuild_left(p) for p in range(self.nodes) if self._state(p) != "dead"}
+            left = {p: self._rebuild_left(p) for p in range(self.nodes) if self.cluster.state(p) != "dead"}
+            self._catch_up()  # a node that died meanwhile was failed over
             states = [self._state(p) for p in range(self.nodes)]
             if len(left) == self.nodes and not any(left.values()) and all(s == "up" for s in states):
                 return
@@ -448,7 +465,7 @@ class Client:
         if reply is not None and reply[0]["status"].get("rebuild_lost"):  # its rebuilder met rows lost for good
             raise Unavailable(f"node {p} cannot be rebuilt whole: {reply[0]['status']['rebuild_lost']}")
         left = reply[0]["status"]["rebuild_missing"] if reply is not None else 0
-        if not left and self._state(p) == "rebuilding":
+        if not left and self.cluster.state(p) == "rebuilding":
             self.cluster.rebuilt(p)
         return left
 
@@ -462,14 +479,30 @@ class Client:
             if bounds[p] < bounds[p + 1]:
                 yield p, order[bounds[p]:bounds[p + 1]]
 
+    def _catch_up(self) -> None:
+        """Fail over every position whose node changed since this client last looked (until none did:
+        a failover's own requests may show a newer map)."""
+        while True:  # one at a time: failing one over may fail over others
+            moved = [p for p in range(self.nodes)
+                     if self.cluster.source(p) != self._sources.get(p) and p not in self.cluster.taking]
+            if not moved:
+                return
+            self._failover(moved[0])
+
     def _positions(self):
+        """The positions not dead, as this client knows them (`_Moved` for one not failed over yet)."""
         return [p for p in range(self.nodes) if self._state(p) != "dead"]
 
     def _state(self, p):
-        """The node's state, after failing over if it changed since this client last saw it."""
-        if self.cluster.source(p) != self._sources.get(p):
-            self._failover(p)
+        """Position p's state: "up", "rebuilding" or "dead"; `_Moved` if its node changed since this
+        client last looked (and no failover of it is under way): `_failover(p)` first."""
+        if self.cluster.source(p) != self._sources.get(p) and p not in self.cluster.taking:
+            raise _Moved(p)
         return self.cluster.state(p)
+
+    def _known_live(self, p) -> bool:
+        """p holds the node this client knows, and it is not dead."""
+        return self._sources.get(p) is not None and self.cluster.source(p) == self._sources[p]
 
     def _states(self) -> np.ndarray:
         """Every position's state: "up", "rebuilding" or "dead"."""
@@ -488,7 +521,8 @@ class Client:
         """A call to p failed: the cluster learns it is dead, and this client fails over."""
         if self.cluster.source(p) == self._sources.get(p):
             self.cluster.mark_dead(p)
-        self._state(p)
+        if self.cluster.source(p) != self._sources.get(p):
+            self._failover(p)
 
     def _call(self, p, header, arrays):
         if self._steps:
@@ -508,12 +542,12 @@ class Client:
                     raise Error(f"node {p} waited for writers' replays longer than {REPLAY_WAIT} s") from None
                 clock.sleep(pause)
                 pause = min(pause * 2, 0.05)  # a replay takes a round trip; a writer that is away, seconds
-                self._state(p)
+                self._catch_up()  # this client replays into a replacement it sees
 
     def _check_reply(self, p, reply, out):
         epoch = reply.get("epoch")
         if isinstance(epoch, int) and epoch > self.cluster.epoch:
-            self.cluster.refresh()  # the map changed: the next _state() fails over what moved
+            self.cluster.refresh()  # the map changed: the next _catch_up() fails over what moved
         error = reply.get("error")
         if error == ErrorCode.NOT_REBUILT:
             names = reply.get("tables")
@@ -617,6 +651,8 @@ class Client:
                     self.repair.rebuild_rows(p, exc.missing)
                 except NodeDown as down:  # a survivor it decodes from died: fail that one over, then again
                     self._lost(p if down.position is None else down.position)
+                except _Moved as moved:
+                    self._failover(moved.position)
                 continue
             except NodeDown:
                 self._lost(p)  # if it is gone, its failover takes the replays on
