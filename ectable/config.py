@@ -27,7 +27,7 @@ class ClusterConfig:
     k: int = 4
     r: int = 1
     window_rows: int = 1 << 20  # a window closes once this many rows are dirty...
-    window_seconds: float = 5.0  # ...or it is this old, so parity never lags without bound
+    window_seconds: float = 0.25  # ...or its oldest write is this old (a timer on the node closes it)
     rebuild_batch: int = 1 << 15  # rows (and parity rows) a rebuilding node pulls per round
     rebuild_share: float = 0.5  # of its time a rebuilding node spends pulling: it rests the rest
 

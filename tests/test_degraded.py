@@ -1,9 +1,11 @@
 """Degraded writes (through the parity of a dead position) against a replacement: refused, unchanged,
-by a holder that knows of the replacement (the node logic, without transport)."""
+by a holder that knows of the replacement (the node logic, without transport); holders made ready first."""
 import numpy as np
 
+import ectable
 from ectable.config import ClusterConfig
-from ectable.protocol.messages import Delta, ErrorCode, Holds
+from ectable.protocol.messages import Delta, ErrorCode, Holds, Invalidate
+from ectable.testing import check_parity
 from ectable.storage.node import Node
 from ectable.storage.table import TableSpec
 
@@ -61,3 +63,36 @@ def test_holders_that_agreed_to_a_degraded_write_take_it_and_count_it():
     assert node.handle({"op": "get_parity", "table": "t"}, [stripes])[1][1].tolist() == [1]
     late = Holds(table="t", source="repair/y", position=p, dead="node/dead").header()
     assert ErrorCode(node.handle(late, [stripes])[0]["error"]) is ErrorCode.REPLACED
+
+
+def test_a_degraded_write_first_rebuilds_every_parity_row_its_holders_lack():
+    """rs(3,2) on 5 nodes: one holder holds parity 0 of one written stripe and parity 1 of another. It lacks
+    both rows (rebuilding); a write through the parity of a dead position must rebuild both on it before its
+    delta goes out (a delta to a row that is rebuilt later from data read before it would be lost)."""
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, processes=False) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=150, dim=2, init="normal")
+        layout = client._table("t")[1]
+        dead, holder = 0, None
+        for x in range(1, 5):  # a holder of parity 0 of a stripe and parity 1 of another, both with data on `dead`
+            s0 = [s for s in layout.stripes_of(x, 3).tolist() if dead in layout.slot_node(s, np.arange(3))]
+            s1 = [s for s in layout.stripes_of(x, 4).tolist() if dead in layout.slot_node(s, np.arange(3))]
+            if s0 and s1:
+                holder, stripes = x, np.array([s0[0], s1[0]])
+                break
+        assert holder is not None
+        rows = stripes * 3 + np.array([int(np.flatnonzero(layout.slot_node(s, np.arange(3)) == dead)[0])
+                                       for s in stripes])
+        assert (layout.data_node(rows) == dead).all()
+        cluster.channel(holder).call(Invalidate(table="t").header(), [stripes], 5.0)
+        cluster.kill(dead)
+        values = np.arange(4, dtype=np.float32).reshape(2, 2)
+        client.put("t", rows, values)  # through the parity: no spare
+        reply, (has, _) = cluster.channel(holder).call(Holds(table="t").header(), [stripes], 5.0)
+        assert has.tolist() == [1, 1], "the write went out before its holder had both parity rows"
+        np.testing.assert_array_equal(client.get("t", rows), values)
+        cluster.add_spare()
+        client.wait_recovered(timeout=60)
+        np.testing.assert_array_equal(client.get("t", rows), values)
+        client.flush()
+        check_parity(cluster, client)

@@ -215,16 +215,26 @@ class Repair:
         replacement: nothing was sent) and has the parity rows of `stripes` (a rebuilding one rebuilds
         those it lacks now), so that its delta is applied everywhere or nowhere, never skipped by a row
         that is rebuilt later from data that does not hold it. `states`: the positions' states to go by."""
-        asks = {}
+        held: dict[int, list] = {}  # a node may hold parity j of some stripes and parity j' of others
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
             for target in np.unique(targets[states[targets] != "dead"]).tolist():
-                asks[(target, table)] = (Holds(table=table, source=self.source, position=position, dead=dead).header(),
-                                         [np.unique(stripes[targets == target])])
-        for (target, _), (reply, arrays) in self.client._gather(asks).items():
-            lacking = asks[(target, table)][1][0][arrays[0] == 0]
-            if lacking.size:
-                self._rebuild_parity(target, {table: lacking}, reply.get("generation", 0))
+                held.setdefault(target, []).append(stripes[targets == target])
+        header = Holds(table=table, source=self.source, position=position, dead=dead).header()
+        asks = {(target, table): (header, [np.unique(np.concatenate(parts))]) for target, parts in held.items()}
+        for _ in range(3):  # a rebuild gives up when its holder moved on meanwhile: ask again
+            lacking = {}
+            for (target, _), (reply, arrays) in self.client._gather(asks).items():
+                lacking[target] = asks[(target, table)][1][0][arrays[0] == 0]
+                if lacking[target].size:
+                    self._rebuild_parity(target, {table: lacking[target]}, reply.get("generation", 0))
+            lacking = {target: rows for target, rows in lacking.items() if rows.size}
+            if not lacking:
+                return
+        target, rows = next(iter(lacking.items()))
+        exc = NotRebuilt(table, rows, "parity")  # the write is tried again from the start
+        exc.position = target
+        raise exc
 
     def send_delta(self, target: int, table: str, ids, delta, position: int | None = None,
                    dead: str | None = None) -> None:

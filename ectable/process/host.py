@@ -113,6 +113,14 @@ class NodeHost:
                 if key[0] == target:
                     self.inflight[key] = (frames, float("-inf"))
 
+    def expire_window(self) -> bool:
+        """The timer every host runs: close the node's window once its oldest write is `window_seconds` old,
+        so that parity catches up with no client action (a writer may go idle, or exit). Whether it closed."""
+        if self.node is None or not self.node.window_due():
+            return False
+        self.node.close_window()
+        return True
+
     def beat(self) -> dict:
         """This node's presence: who it is, and whether (and since which invalidation) it rebuilds."""
         node = self.node

@@ -11,6 +11,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from .. import config as cluster_config
@@ -26,6 +27,7 @@ from ..membership.server import EtcdServer
 from ..storage.node import Node
 from ..protocol.messages import Fault
 from .host import NodeHost
+from .node_server import TICK
 from ..transport import InProcessChannel, ZmqChannel
 
 DEFAULT_R = {"none": 0, "xor": 1, "rs": 2}
@@ -39,6 +41,9 @@ def _checked_config(nodes, code, k, r, spares, **tuning) -> ClusterConfig:
         raise ValueError(f"nodes must be at least k + r = {k + r}, got {nodes}")
     if spares < 0:
         raise ValueError(f"spares must be >= 0, got {spares}")
+    window_seconds = tuning.get("window_seconds", 1.0)
+    if not (isinstance(window_seconds, (int, float)) and 0 < window_seconds < float("inf")):
+        raise ValueError(f"window_seconds must be a positive number of seconds, got {window_seconds!r}")
     config = ClusterConfig(nodes, code, k, r, **tuning)
     config.make_code()  # reject bad codes now
     return config
@@ -72,7 +77,8 @@ class LocalCluster(ClusterMap):
 class InProcessCluster(StoredMap, LocalCluster):
     """Nodes inside this process (`LocalCluster(..., processes=False)`): the same map, membership
     interface (in memory) and failover decider as node processes, run synchronously; deltas are
-    delivered at once after every request."""
+    delivered at once after every request. One timer thread closes windows that are due (as a node
+    process's loop does); it and the callers take turns under one lock."""
 
     def __init__(self, *args, **kwargs):
         LocalCluster.__init__(self, *args, **kwargs)
@@ -82,17 +88,32 @@ class InProcessCluster(StoredMap, LocalCluster):
         self._hosts = {e: InProcessHost(e, token, store) for e in endpoints}
         store.swap_map(None, Map.initial(self.config.get_config(), endpoints[: self.config.nodes]))
         self.decider = Decider(store, _HostControl(self._hosts), "decider/local", token)
+        self.lock = threading.RLock()
+        self._stopped = threading.Event()
+        self._failure: Exception | None = None  # met by the timer's delivery: raised to the next caller
         self._attach(store)  # reads the map once the decider gave every node its position
+        threading.Thread(target=self._timer, name="ectable-windows", daemon=True).start()
+
+    def _timer(self) -> None:
+        while not self._stopped.wait(TICK):
+            with self.lock:
+                closed = [host.expire_window() for host in self._hosts.values() if host.alive]
+                if any(closed):
+                    try:
+                        self._deliver()
+                    except Exception as exc:  # a bug, not input: the next request raises it
+                        self._failure = exc
 
     def decide(self) -> None:
         """Let the decider act until it has nothing more to change (nodes first report what changed),
         then read the map."""
-        for host in self._hosts.values():
-            if host.alive:
-                host.announce()
-        while self.decider.step():
-            pass
-        StoredMap.refresh(self)
+        with self.lock:
+            for host in self._hosts.values():
+                if host.alive:
+                    host.announce()
+            while self.decider.step():
+                pass
+            StoredMap.refresh(self)
 
     def refresh(self) -> None:
         """The map once the decider caught up (as it does on its own, in a process of its own)."""
@@ -100,7 +121,8 @@ class InProcessCluster(StoredMap, LocalCluster):
 
     def _open_channel(self, endpoint: str) -> InProcessChannel:
         host = self._hosts[endpoint]
-        return InProcessChannel(lambda: host if host.alive and host.node is not None else None, self._deliver)
+        return InProcessChannel(lambda: host if host.alive and host.node is not None else None, self._deliver,
+                                self.lock)
 
     def _host(self, p: int) -> "InProcessHost":
         return self._hosts[self._map.endpoints[p]]
@@ -123,13 +145,15 @@ class InProcessCluster(StoredMap, LocalCluster):
 
     def kill(self, i: int) -> None:
         """Kill active node i: drop its memory (its presence goes with it)."""
-        self._host(i).kill()
+        with self.lock:
+            self._host(i).kill()
 
     def add_spare(self) -> None:
         """One more spare node; the decider puts it in a dead position at once if there is one."""
-        endpoint = f"inproc://ectable-node-{len(self._hosts)}"
-        self._hosts[endpoint] = InProcessHost(endpoint, self.decider.token, self.store)
-        self.decide()
+        with self.lock:
+            endpoint = f"inproc://ectable-node-{len(self._hosts)}"
+            self._hosts[endpoint] = InProcessHost(endpoint, self.decider.token, self.store)
+            self.decide()
 
     def node_pids(self) -> list[int]:
         return [os.getpid()] * self.config.nodes
@@ -140,11 +164,15 @@ class InProcessCluster(StoredMap, LocalCluster):
         return host.node if host.alive else None
 
     def close(self) -> None:
-        for host in self._hosts.values():
-            host.kill()
+        self._stopped.set()
+        with self.lock:
+            for host in self._hosts.values():
+                host.kill()
 
     def _deliver(self, _host=None) -> None:
         """Carry every node's outgoing deltas to their targets (synchronously, in process)."""
+        if self._failure is not None:
+            raise self._failure
         hosts = [h for h in self._hosts.values() if h.alive and h.node is not None]
         while True:
             moved = False

@@ -131,6 +131,7 @@ class NodeServer(NodeHost):
             for target, sock in list(self.peers.items()):
                 if sock in events:
                     self.read_acks(target, sock)
+            self.expire_window()
             self.send_outbox()
             self.resend()
             if self.presence is not None:

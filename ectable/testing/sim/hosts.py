@@ -139,7 +139,8 @@ class SimNodeHost(NodeHost):
     def _schedule(self) -> None:
         """A tick soon while there is work: resends, a window to close or deltas to apply when idle."""
         node = self.node
-        if not self.ticking and self.alive and (self.inflight or (node is not None and (node.close_pending or node.queued))):
+        if not self.ticking and self.alive and (self.inflight or (node is not None and (
+                node.close_pending or node.queued or node.write_seq != node.closed_upto))):
             self.ticking = True
             self.world.at(TICK, self._tick, self.endpoint)
 
@@ -151,6 +152,7 @@ class SimNodeHost(NodeHost):
                 node.close_window()
             elif node.queued:
                 node.apply_queued()
+        self.expire_window()
         for (target, seq), (_, sent) in list(self.inflight.items()):
             if self.world.now - sent > RESEND:
                 self._send(target, seq)

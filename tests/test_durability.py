@@ -1,0 +1,94 @@
+"""Issue 12, durability: what an acknowledged write survives, with no help from the client that wrote it."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ectable
+from ectable import clock
+from ectable.storage.initializers import init_rows
+from ectable.testing import ReferenceTable, check_parity
+
+pytestmark = pytest.mark.timeout(240)
+
+ROWS, DIM = 2000, 8
+
+
+def _wait_parity_caught_up(client, timeout=10.0):
+    """Poll status() (which never closes a window) until every node's parity holds every write."""
+    deadline = clock.monotonic() + timeout
+    while True:
+        status = client.status()
+        if status["parity_lag_writes"] == 0 and status["unacked_deltas"] == 0:
+            return
+        assert clock.monotonic() < deadline, (f"parity still lags after {timeout} s with no client "
+                                                    f"action: {status['parity_lag_writes']} writes")
+        clock.sleep(0.02)
+
+
+def _batches(seed, n=6, batch=300):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, ROWS, batch), rng.standard_normal((batch, DIM)).astype(np.float32)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("processes", [True, False], ids=["processes", "in-process"])
+def test_idle_windows_close_on_their_own(processes):
+    """Writes and then nothing (no step, no flush): each node's timer closes its window, and the parity
+    equals a fresh encode of the data without any client request that closes windows."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=processes) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=ROWS, dim=DIM, optimizer="adagrad", lr=0.1, init="normal", seed=1)
+        for ids, grads in _batches(5):
+            client.apply_gradient("t", ids, grads)
+        assert client.status()["parity_lag_writes"] > 0  # nothing closed the windows yet
+        _wait_parity_caught_up(client)
+        check_parity(cluster, client)
+
+
+WRITER = """
+import os, sys, numpy as np, ectable
+client = ectable.connect(sys.argv[1])
+data = np.load(sys.argv[2])
+for n in range(len(data.files) // 2):
+    client.apply_gradient("t", data[f"ids{n}"], data[f"grads{n}"])
+print("WROTE", flush=True)
+os._exit(0)  # gone without step(), flush() or close(): its redo log goes with it
+"""
+
+
+@pytest.mark.parametrize("code", ["xor", "rs"])
+def test_idle_windows_a_writer_that_exits_loses_nothing(tmp_path, code):
+    """A trainer process applies acknowledged writes and exits at once. Once its windows closed on their
+    own, any r nodes holding those rows are SIGKILLed one after the other: every row still equals a
+    failure-free run, weights and optimizer state."""
+    k, r = (4, 1) if code == "xor" else (4, 2)
+    with ectable.LocalCluster(nodes=k + r + 1, code=code, k=k, r=r, spares=r) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=ROWS, dim=DIM, optimizer="adagrad", lr=0.1, init="normal", seed=2)
+        batches = _batches(7)
+        np.savez(tmp_path / "writes.npz", **{f"{name}{n}": a for n, b in enumerate(batches)
+                                             for name, a in zip(("ids", "grads"), b)})
+        toml = tmp_path / "cluster.toml"
+        toml.write_text(ectable.config.dumps(cluster.describe()))
+        writer = subprocess.run([sys.executable, "-c", WRITER, str(toml), str(tmp_path / "writes.npz")],
+                                capture_output=True, text=True, timeout=120)
+        assert writer.stdout.strip() == "WROTE", writer.stderr[-3000:]
+
+        model = ReferenceTable(client._table("t")[0])
+        for ids, grads in batches:
+            model.apply_gradient(ids, grads)
+        _wait_parity_caught_up(client)
+        for victim in range(r):  # data nodes of written rows, killed back to back
+            cluster.kill(victim)
+        client.wait_recovered(timeout=120)
+
+        ids = np.arange(ROWS)
+        expect = init_rows(model.spec.init, model.spec.seed, "t", ids, DIM)
+        touched = np.array(sorted(model.rows), dtype=np.int64)
+        expect[touched] = np.stack([model.rows[i][:DIM] for i in touched.tolist()])
+        got = client.get("t", ids)
+        bad = np.flatnonzero((got.view(np.uint32) != expect.view(np.uint32)).any(axis=1))
+        assert bad.size == 0, f"{bad.size} rows lost their acknowledged writes, first {bad[:10].tolist()}"
+        client.flush()
+        check_parity(cluster, client)
