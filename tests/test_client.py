@@ -45,7 +45,7 @@ def test_put_then_get_and_float64_is_cast(cluster):
     ("get", ("items", [1000]), "id 1000 is out of range"),
     ("get", ("items", [-1]), "id -1 is out of range"),
     ("get", ("items", [1.5]), "must be integers"),
-    ("get", ("items", [[1, 2]]), "must be 1-D"),
+    ("apply_gradient", ("items", [[1, 2]], np.zeros((2, 8))), "shape (1, 2, 8)"),
     ("put", ("items", [1, 1], np.zeros((2, 8))), "duplicate id 1"),
     ("put", ("items", [1], np.zeros((1, 7))), "shape (1, 8)"),
     ("put", ("items", [1], np.zeros((1, 8), dtype=np.int32)), "dtype int32"),

@@ -78,7 +78,8 @@ class Client:
                                       "optimizer": {"name": optimizer, "lr": lr, "eps": eps},
                                       "init": {"kind": init, **init_args}})
         if name in self._tables and self._tables[name][0] != spec:
-            raise InvalidRequest(f"table {name!r} exists with a different definition")
+            raise InvalidRequest(f"table {name!r} exists with a different definition "
+                                 f"(existing vs requested: {self._tables[name][0].differences(spec)})")
         header = m.CreateTable(spec=spec.get_config()).header()  # nodes compute initial parity: in parallel
         self._catch_up()
         pending = self._positions()
@@ -117,8 +118,12 @@ class Client:
                 return
 
     # -- reads -----------------------------------------------------------
-    def get(self, table: str, ids) -> np.ndarray:
-        """Rows of `ids` as float32 [len(ids), dim], in order, duplicates repeated."""
+    def get(self, table: str, ids=None) -> np.ndarray:
+        """Rows of `ids` (any shape S, as torch's `embedding` takes them) as float32 [*S, dim], in order,
+        duplicates repeated."""
+        if ids is None:
+            raise InvalidRequest(f"get({table!r}) needs the ids to read: get(table, ids)")
+        self._table(table)  # a table named by something unhashable is refused by name
         return self.get_many({table: ids})[table]
 
     def get_many(self, batch: dict) -> dict:
@@ -126,8 +131,9 @@ class Client:
         plan = {}
         for table, ids in self._check_many(batch).items():
             spec, _ = self._table(table)
-            uniq, inverse = np.unique(validate.ids(table, ids, spec.num_rows), return_inverse=True)
-            plan[table] = (uniq, inverse.reshape(-1), np.empty((uniq.size, spec.dim), dtype=np.float32))
+            flat, shape = validate.shaped_ids(table, ids, spec.num_rows)
+            uniq, inverse = np.unique(flat, return_inverse=True)
+            plan[table] = (uniq, inverse.reshape(shape), np.empty((uniq.size, spec.dim), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
         done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps]).header(), [ids for _, ids, _ in ps])
                               for p, ps in parts.items()})
@@ -169,15 +175,18 @@ class Client:
 
     # -- writes ----------------------------------------------------------
     def put(self, table: str, ids, rows) -> None:
-        """Assign the weights of rows `ids` (unique); their optimizer state is kept."""
+        """Assign the weights of rows `ids` (unique; any shape S, with rows [*S, dim]); their optimizer
+        state is kept."""
         spec, _ = self._table(table)
-        ids = validate.ids(table, ids, spec.num_rows)
+        ids, shape = validate.shaped_ids(table, ids, spec.num_rows)
         validate.unique(table, ids)
-        rows = validate.rows(table, rows, ids.size, spec.dim, "rows")
+        rows = validate.rows(table, rows, ids.size, spec.dim, "rows", shape)
         self._write({table: ("put", ids, rows)})
 
     def apply_gradient(self, table: str, ids, grads) -> None:
-        """Sum the gradients of duplicate ids, then take one optimizer step per unique row."""
+        """Sum the gradients of duplicate ids (any shape S, with grads [*S, dim]), then take one optimizer
+        step per unique row. Refused, nothing applied on a node, if a row would become non-finite."""
+        self._table(table)
         self.apply_gradient_many({table: (ids, grads)})
 
     def apply_gradient_many(self, batch: dict) -> None:
@@ -191,8 +200,8 @@ class Client:
 
     def _gradients(self, table, ids, grads):
         spec, _ = self._table(table)
-        ids = validate.ids(table, ids, spec.num_rows)
-        grads = validate.rows(table, grads, ids.size, spec.dim, "gradients")
+        ids, shape = validate.shaped_ids(table, ids, spec.num_rows)
+        grads = validate.rows(table, grads, ids.size, spec.dim, "gradients", shape)
         ids, grads = validate.coalesce(ids, grads)
         if not np.isfinite(grads).all():
             raise InvalidRequest(f"table {table!r}: gradients of duplicate ids sum to a non-finite value")

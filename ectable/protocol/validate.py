@@ -8,21 +8,28 @@ from ..errors import InvalidRequest
 
 def ids(table: str, value, num_rows: int) -> np.ndarray:
     """A 1-D int64 array of row ids in [0, num_rows)."""
+    arr, shape = shaped_ids(table, value, num_rows)
+    if len(shape) != 1:
+        raise InvalidRequest(f"table {table!r}: ids must be 1-D, got shape {shape}")
+    return arr
+
+
+def shaped_ids(table: str, value, num_rows: int) -> tuple[np.ndarray, tuple]:
+    """Row ids in [0, num_rows) of any shape (as torch's `embedding` takes them): (flat int64 ids, shape)."""
     try:
         arr = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
         raise InvalidRequest(f"table {table!r}: ids are not an array ({exc})") from None
     if arr.dtype == object or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
         raise InvalidRequest(f"table {table!r}: ids must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise InvalidRequest(f"table {table!r}: ids must be 1-D, got shape {arr.shape}")
+    shape, arr = arr.shape, arr.reshape(-1)
     arr = arr.astype(np.int64, copy=False)
     if arr.size:
         lo, hi = arr.min(), arr.max()
         if lo < 0 or hi >= num_rows:
             bad = lo if lo < 0 else hi
             raise InvalidRequest(f"table {table!r}: id {bad} is out of range [0, {num_rows})")
-    return arr
+    return arr, shape
 
 
 def unique(table: str, arr: np.ndarray) -> None:
@@ -33,14 +40,20 @@ def unique(table: str, arr: np.ndarray) -> None:
             raise InvalidRequest(f"table {table!r}: duplicate id {dup[0]} in put")
 
 
-def rows(table: str, value, n: int, dim: int, what: str = "rows") -> np.ndarray:
-    """A C-contiguous float32 [n, dim] array of finite values (float64 is cast)."""
-    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+def rows(table: str, value, n: int, dim: int, what: str = "rows", ids_shape: tuple | None = None) -> np.ndarray:
+    """A C-contiguous float32 [n, dim] array of finite values (float64 is cast); with `ids_shape`, of shape
+    ids_shape + (dim,) (flattened to [n, dim])."""
+    try:
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except Exception as exc:  # ragged lists and the like
+        raise InvalidRequest(f"table {table!r}: {what} are not an array ({exc})") from None
     if arr.dtype not in (np.float32, np.float64):
         raise InvalidRequest(f"table {table!r}: {what} must be float32 or float64, got dtype {arr.dtype}")
-    if arr.shape != (n, dim):
-        raise InvalidRequest(f"table {table!r}: {what} must have shape ({n}, {dim}), got {arr.shape}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    want = (n, dim) if ids_shape is None else tuple(ids_shape) + (dim,)
+    if arr.shape != want:
+        raise InvalidRequest(f"table {table!r}: {what} must have shape {want}, got {arr.shape}")
+    with np.errstate(over="ignore"):  # float64 beyond float32 becomes inf: refused below
+        arr = np.ascontiguousarray(arr.reshape(n, dim), dtype=np.float32)
     if arr.size and not np.isfinite(arr).all():
         where = np.argwhere(~np.isfinite(arr))[0]
         raise InvalidRequest(f"table {table!r}: {what} hold a non-finite value {arr[tuple(where)]} at {tuple(int(x) for x in where)}")

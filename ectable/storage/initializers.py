@@ -13,7 +13,9 @@ import numpy as np
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-KINDS = ("zeros", "uniform", "normal")
+KINDS = {"zeros": (), "uniform": ("low", "high"), "normal": ("mean", "std")}  # kind -> its arguments
+F32_MAX = float(np.finfo(np.float32).max)
+NORMAL_REACH = 8.6  # the largest |z| the normal initialiser can draw (53-bit uniforms): sqrt(-2 ln 2**-53)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -41,11 +43,20 @@ def check_init(config: dict, dim: int) -> dict:
     """The normalised initialiser config; raises ValueError if it is not valid."""
     config = dict(config)
     kind = config.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"unknown init {kind!r}; choose one of {list(KINDS)}")
-    for key in ("low", "high", "mean", "std"):
-        if key in config and not np.isfinite(float(config[key])):
-            raise ValueError(f"{kind} init needs a finite {key}, got {config[key]}")
+    unknown = sorted(str(key) for key in config if key != "kind" and key not in KINDS[kind])
+    if unknown:
+        takes = ", ".join(KINDS[kind]) or "no arguments"
+        raise ValueError(f"unknown argument(s) {unknown} for the {kind} init (it takes {takes}; create_table itself "
+                         f"takes optimizer, lr, eps, init and seed)")
+    for key in KINDS[kind]:
+        if key in config:
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"{kind} init needs a number for {key}, got {value!r}")
+            if not abs(float(value)) <= F32_MAX:
+                raise ValueError(f"{kind} init needs a finite float32 {key}, got {value}")
     if kind == "uniform":
         bound = 1.0 / np.sqrt(dim)
         config.setdefault("low", -bound)
@@ -57,6 +68,9 @@ def check_init(config: dict, dim: int) -> dict:
         config.setdefault("std", 1.0 / np.sqrt(dim))
         if not float(config["std"]) >= 0:
             raise ValueError(f"normal init needs std >= 0, got {config['std']}")
+        if abs(float(config["mean"])) + NORMAL_REACH * float(config["std"]) > F32_MAX:
+            raise ValueError(f"normal init with mean {config['mean']} and std {config['std']} would give rows "
+                             f"beyond float32 (|mean| + {NORMAL_REACH} std must be at most {F32_MAX:.4g})")
     return {key: (float(v) if key != "kind" else v) for key, v in config.items()}
 
 

@@ -8,6 +8,7 @@ deltas (`take_outbox`) and reports their acknowledgements (`acked`).
 """
 from __future__ import annotations
 
+import os
 from collections import deque
 
 import numpy as np
@@ -29,6 +30,18 @@ HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: wha
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
 
+
+
+def available_memory() -> int:
+    """Bytes this machine can still give (MemAvailable on Linux; free pages elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 class Node:
     """One node's shards, dirty window, outgoing deltas and received-delta bookkeeping."""
@@ -135,9 +148,20 @@ class Node:
         existing = self.shards.get(spec.name)
         if existing is not None:
             if existing.spec != spec:
-                raise InvalidRequest(f"table {spec.name!r} exists with a different definition")
+                raise InvalidRequest(f"table {spec.name!r} exists with a different definition "
+                                     f"(existing vs requested: {existing.spec.differences(spec)})")
             return {}, []
-        self.shards[spec.name] = Shard(spec, self.config.layout(spec), self.position, self.code, self.rebuilding)
+        layout = self.config.layout(spec)
+        need = (layout.data_capacity() + layout.parity_capacity()) * spec.width * 4
+        free = available_memory()
+        if need > free:
+            raise InvalidRequest(f"table {spec.name!r}: {spec.num_rows} rows of {spec.width} float32 need "
+                                 f"{need / 2**30:.1f} GiB on each node; this node has {free / 2**30:.1f} GiB available")
+        try:
+            self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding)
+        except MemoryError:
+            raise InvalidRequest(f"table {spec.name!r}: not enough memory on node {self.position} for "
+                                 f"{need / 2**30:.1f} GiB") from None
         self._settle()
         return {}, []
 
@@ -182,7 +206,13 @@ class Node:
             return {"seq": seq if cseq == last else self.write_seq, "duplicate": True}, []
         work = self._writes(msg.parts, arrays)
         self._need_rebuilt([(shard, ids) for shard, _, ids, _ in work])  # refuse before any change
-        seq = self._apply_write(work, cid, cseq)
+        updates = self._updates(work)
+        for (shard, _, rows), (_, kind, ids, _) in zip(updates, work):
+            bad = ~np.isfinite(rows).all(axis=1)
+            if bad.any():
+                raise InvalidRequest(f"table {shard.spec.name!r}: {kind} would make rows {ids[bad][:8].tolist()} "
+                                     f"non-finite (float32 overflow); nothing of this write was applied")
+        seq = self._apply_write(updates, cid, cseq)
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
         return {"seq": seq}, []
 
@@ -191,6 +221,8 @@ class Node:
         if not isinstance(parts, list) or not all(isinstance(x, list) and len(x) == 2 for x in parts):
             raise InvalidRequest("write needs parts [[table, kind], ...]")
         self._arrays(arrays, 2 * len(parts))
+        if len({str(table) for table, _ in parts}) != len(parts):
+            raise InvalidRequest("a write names a table twice")
         work = []
         for n, (table, kind) in enumerate(parts):
             shard = self._shard(table)
@@ -203,12 +235,17 @@ class Node:
             work.append((shard, kind, ids, values))
         return work
 
-    def _apply_write(self, work, cid, cseq) -> int:
-        """Apply checked writes as this node's next write; its sequence number."""
+    @staticmethod
+    def _updates(work) -> list:
+        """[(shard, local rows, new records)] of checked writes; nothing is applied yet."""
+        return [(shard, *shard.updated(kind, ids, values)) for shard, kind, ids, values in work]
+
+    def _apply_write(self, updates, cid, cseq) -> int:
+        """Install a write's `_updates` as this node's next write; its sequence number."""
         if self.write_seq == self.closed_upto:
             self.window_opened = self.clock()  # the window's age counts from its first write
-        for shard, kind, ids, values in work:
-            (shard.put if kind == "put" else shard.apply_gradient)(ids, values)
+        for shard, local, rows in updates:
+            shard.commit(local, rows)
         self.write_seq += 1
         if cid is not None:
             self.client_marks[cid] = max(cseq, self.client_marks.get(cid, 0))  # this client's writes so far
@@ -241,7 +278,7 @@ class Node:
         buffered, self.replay_buffer = self.replay_buffer, []
         buffered.sort(key=lambda e: (e[0] is None, e[0] or 0, e[1]))  # the dead node's order; unknown ones last
         for _, _, replayer, n, cid, cseq, work in buffered:
-            self.replay_seqs.setdefault(replayer, {})[n] = self._apply_write(work, cid, cseq)
+            self.replay_seqs.setdefault(replayer, {})[n] = self._apply_write(self._updates(work), cid, cseq)
         self._maybe_close()
 
     def op_replay(self, msg, arrays):
@@ -373,12 +410,14 @@ class Node:
         """Install rebuilt data records (kind "data"; arrays ids, records) or parity rows ("parity";
         arrays stripes, rows, and the degraded writes each holds)."""
         shard = self._shard(msg.table)
+        if msg.kind not in ("data", "parity"):
+            raise InvalidRequest(f"restore kind must be 'data' or 'parity', got {msg.kind!r}")
         keys, values, *versions = self._arrays(arrays, 3 if msg.kind == "parity" else 2)
+        cut = msg.cut
+        if not all(isinstance(s, str) and isinstance(v, int) for s, v in cut.items()):
+            raise InvalidRequest(f"restore cut must map sources to delta numbers, got {cut!r}")
         if shard.missing_data is None:
             return {}, []
-        cut = msg.cut
-        if not all(isinstance(v, int) for v in cut.values()):
-            raise InvalidRequest("restore cut must map sources to delta numbers")
         if msg.generation not in (None, self.generation) or any(s in self.fenced for s in cut):
             return messages.error(ErrorCode.STALE_CUT, "rows were invalidated, or a source died, since the read"), []
         behind = [s for s, seq in cut.items() if self.applied.get(s, 0) < seq]

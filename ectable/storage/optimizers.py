@@ -9,16 +9,25 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+F32_MAX = float(np.finfo(np.float32).max)
+
 
 class Optimizer(ABC):
     """Updates rows in place from their (already coalesced) gradients."""
 
     name = ""
+    divides = False  # whether eps keeps a division by the accumulated state finite (then it must be > 0)
 
     def __init__(self, lr: float = 0.01, eps: float = 1e-8):
+        for key, value in (("lr", lr), ("eps", eps)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"optimizer {self.name!r} needs a number for {key}, got {value!r}")
         lr, eps = float(lr), float(eps)
-        if not (np.isfinite(lr) and lr > 0 and np.isfinite(eps) and eps >= 0):
-            raise ValueError(f"optimizer {self.name!r} needs lr > 0 and eps >= 0, got lr={lr} eps={eps}")
+        if not (0 < lr <= F32_MAX and 0 <= eps <= F32_MAX):
+            raise ValueError(f"optimizer {self.name!r} needs a finite float32 lr > 0 and eps >= 0, got lr={lr} eps={eps}")
+        if self.divides and not np.float32(eps) > 0:
+            raise ValueError(f"optimizer {self.name!r} needs eps > 0 (a zero gradient on a fresh row would "
+                             f"divide 0 by 0), got eps={eps}")
         self.lr, self.eps = np.float32(lr), np.float32(eps)
 
     @abstractmethod
@@ -49,6 +58,7 @@ class Adagrad(Optimizer):
     """s += g*g; w -= lr * g / (sqrt(s) + eps)"""
 
     name = "adagrad"
+    divides = True
 
     def state_width(self, dim):
         return dim
@@ -63,6 +73,7 @@ class RowwiseAdagrad(Optimizer):
     """s_row += mean(g*g); w -= lr * g / (sqrt(s_row) + eps)  (FBGEMM/DLRM semantics)."""
 
     name = "rowwise_adagrad"
+    divides = True
 
     def state_width(self, dim):
         return 1
@@ -80,6 +91,9 @@ def get_optimizer(config: dict) -> Optimizer:
     """An optimizer from its config dict ({"name", "lr", "eps"})."""
     config = dict(config)
     name = config.pop("name", None)
-    if name not in registry:
+    if not isinstance(name, str) or name not in registry:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {sorted(registry)}")
+    unknown = sorted(str(key) for key in config if key not in ("lr", "eps"))
+    if unknown:
+        raise ValueError(f"unknown argument(s) {unknown} for optimizer {name!r} (it takes lr and eps)")
     return registry[name](**config)

@@ -102,16 +102,21 @@ class Shard:
         out = self.window.committed(local, self.records) if committed else self.records[local]
         return out if records else np.ascontiguousarray(out[:, : self.dim])
 
-    def put(self, ids, rows) -> None:
+    def updated(self, kind: str, ids, values) -> tuple[np.ndarray, np.ndarray]:
+        """(local offsets, new records) of rows `ids` after a "put" of weights `values` or an "apply_gradient"
+        of gradients `values`; nothing changes until `commit`."""
         local = self.local(ids)
-        self.window.touch(local, self.records)
-        self.records[local, : self.dim] = rows
-
-    def apply_gradient(self, ids, grads) -> None:
-        local = self.local(ids)
-        self.window.touch(local, self.records)
         rows = self.records[local]
-        self.optimizer.step(rows, grads, self.dim)
+        if kind == "put":
+            rows[:, : self.dim] = values
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused by the caller
+                self.optimizer.step(rows, values, self.dim)
+        return local, rows
+
+    def commit(self, local, rows) -> None:
+        """Install new records of local rows (from `updated`), remembering the old ones in the window."""
+        self.window.touch(local, self.records)
         self.records[local] = rows
 
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
