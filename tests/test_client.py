@@ -293,3 +293,22 @@ def test_a_write_to_many_tables_reaches_a_replaced_node(processes):
                 check_parity(c, client)
             return state
     assert same(run(False), run(True))
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["in-process", "processes"])
+def test_a_client_used_after_close_raises_client_closed(tmp_path, processes):
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=processes) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=10, dim=2)
+        clients = [client]
+        if processes:  # one that owns its connection (sockets, map) too
+            toml = tmp_path / "cluster.toml"
+            toml.write_text(ectable.config.dumps(c.describe()))
+            clients.append(ectable.connect(str(toml)))
+        for cl in clients:
+            cl.close()
+            cl.close()  # twice is fine
+            for call, args in [("get", ("t", [1])), ("put", ("t", [1], np.zeros((1, 2)))), ("step", ()),
+                               ("flush", ()), ("status", ()), ("tables", ()), ("create_table", ("u", 5, 2))]:
+                with pytest.raises(ectable.Error, match="^client closed$"):
+                    getattr(cl, call)(*args)

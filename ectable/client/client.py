@@ -1,6 +1,7 @@
 """The client: routes rows to nodes, keeps writes until their parity is safe, fails over."""
 from __future__ import annotations
 
+import functools
 
 import numpy as np
 
@@ -37,6 +38,16 @@ class _Moved(Exception):
         self.position = position
 
 
+def _open(method):
+    """A public call: `Error("client closed")` once the client was closed."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if self._closed:
+            raise Error("client closed")
+        return method(self, *args, **kwargs)
+    return call
+
+
 class Client:
     """get / put / apply_gradient over a cluster's nodes (see SPEC section 3)."""
 
@@ -53,6 +64,7 @@ class Client:
         self.cid = clock.token_hex(8)  # names this client's writes in the nodes' deltas
         self._cseq = 0
         self._writer: str | None = None
+        self._closed = False
         for p in range(self.nodes):
             self._sources[p] = cluster.source(p)
         self._refresh_tables()
@@ -60,9 +72,11 @@ class Client:
     owns_cluster = False
 
     def close(self) -> None:
-        """Release the connection (and the cluster map, for clients of `ectable.connect`)."""
-        if self.owns_cluster:
+        """Release the connection (and the cluster map, for clients of `ectable.connect`); later calls raise
+        `Error("client closed")`."""
+        if self.owns_cluster and not self._closed:
             self.cluster.close()
+        self._closed = True
 
     def __enter__(self):
         return self
@@ -71,6 +85,7 @@ class Client:
         self.close()
 
     # -- tables ----------------------------------------------------------
+    @_open
     def create_table(self, name: str, num_rows: int, dim: int, optimizer: str = "sgd", lr: float = 0.01,
                      eps: float = 1e-8, init: str = "uniform", seed: int = 0, **init_args) -> None:
         """Create a table on every node (idempotent for an identical definition)."""
@@ -91,6 +106,7 @@ class Client:
             pending = [q for q in failed if self._state(q) != "dead"]
         self._remember(spec)
 
+    @_open
     def tables(self) -> dict:
         return {name: spec.get_config() for name, (spec, _) in self._tables.items()}
 
@@ -118,6 +134,7 @@ class Client:
                 return
 
     # -- reads -----------------------------------------------------------
+    @_open
     def get(self, table: str, ids=None) -> np.ndarray:
         """Rows of `ids` (any shape S, as torch's `embedding` takes them) as float32 [*S, dim], in order,
         duplicates repeated."""
@@ -126,6 +143,7 @@ class Client:
         self._table(table)  # a table named by something unhashable is refused by name
         return self.get_many({table: ids})[table]
 
+    @_open
     def get_many(self, batch: dict) -> dict:
         """{table: ids} -> {table: rows}, one request per node for all tables, sent in parallel."""
         plan = {}
@@ -174,6 +192,7 @@ class Client:
         raise Unavailable(f"node {p}: nodes kept failing while serving a request")
 
     # -- writes ----------------------------------------------------------
+    @_open
     def put(self, table: str, ids, rows) -> None:
         """Assign the weights of rows `ids` (unique; any shape S, with rows [*S, dim]); their optimizer
         state is kept."""
@@ -183,12 +202,14 @@ class Client:
         rows = validate.rows(table, rows, ids.size, spec.dim, "rows", shape)
         self._write({table: ("put", ids, rows)})
 
+    @_open
     def apply_gradient(self, table: str, ids, grads) -> None:
         """Sum the gradients of duplicate ids (any shape S, with grads [*S, dim]), then take one optimizer
         step per unique row. Refused, nothing applied on a node, if a row would become non-finite."""
         self._table(table)
         self.apply_gradient_many({table: (ids, grads)})
 
+    @_open
     def apply_gradient_many(self, batch: dict) -> None:
         """{table: (ids, grads)}: every table is checked before any is written; one request per node."""
         checked = {}
@@ -324,6 +345,7 @@ class Client:
         return out
 
     # -- iteration boundary ----------------------------------------------
+    @_open
     def step(self) -> None:
         """Close every node's dirty window (all nodes at once); its parity deltas go out. In process, it
         also advances any rebuild (node processes rebuild themselves)."""
@@ -360,11 +382,13 @@ class Client:
             except NodeDown:
                 self._lost(p)
 
+    @_open
     def flush(self, timeout: float = DEADLINE) -> None:
         """Return once every node's parity reflects every acknowledged write."""
         self._close_windows(wait=True)
         self.settle(clock.monotonic() + timeout, close=True)
 
+    @_open
     def settle(self, deadline: float, close: bool = False) -> None:
         """Wait until no node has deltas in flight to a live node. With `close`, every node is also asked to
         close its window (until it answers once: its step may not have reached it), and a live node that
@@ -389,6 +413,7 @@ class Client:
                 raise Error(f"nodes {busy} did not settle: parity deltas still unacknowledged, or no answer")
             clock.sleep(0.002)
 
+    @_open
     def status(self) -> dict:
         """Nodes with their roles and health, parity lag, dirty rows and recovery progress (rows, rate, ETA)."""
         nodes = []
@@ -421,6 +446,7 @@ class Client:
                          "rows_per_s": rate, "eta_s": left / rate if rate else None},
         }
 
+    @_open
     def wait_recovered(self, timeout: float = 60.0) -> None:
         """Block until every stripe is fully protected again: no position dead, none rebuilding, and every
         node holding all its rows, all seen in one pass. Raises `Unavailable` at once, naming the lost
