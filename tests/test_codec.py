@@ -36,10 +36,16 @@ def test_garbage_is_malformed(frames):
                                    max_size=3)), max_size=3),
        st.lists(st.binary(max_size=24), max_size=3))
 def test_bad_descriptors_are_malformed(descs, frames):
+    """Any descriptors and frames: either Malformed, or arrays that are exactly what the descriptors say,
+    each backed by bytes the message carried (never anything else raised, never an array out of thin air)."""
     try:
-        codec.decode([msgpack.packb({"op": "get", "arrays": descs}), *frames])
+        header, arrays = codec.decode([msgpack.packb({"op": "get", "arrays": descs}), *frames])
     except codec.Malformed:
-        pass
+        return
+    assert header == {"op": "get"} and len(arrays) == len(descs)
+    assert sum(a.nbytes for a in arrays) <= sum(len(f) for f in frames)
+    for desc, array in zip(descs, arrays):
+        assert isinstance(desc, list) and array.dtype == np.dtype(desc[0]) and list(array.shape) == list(desc[1])
 
 
 def test_refuses_other_dtypes():

@@ -44,6 +44,7 @@ class ClusterMachine(RuleBasedStateMachine):
                                      init="normal" if seed % 2 else "uniform", seed=seed)
             self.model[name] = ReferenceTable(self.client._table(name)[0])
         self.lost = set()  # positions whose node died and has not been rebuilt
+        self.killed: dict[int, str] = {}  # position -> identity killed there, until recovered
 
     def teardown(self):
         self.cluster.close()
@@ -120,6 +121,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self._settle_others()
         alive = [p for p in range(self.nodes) if p not in self.lost]
         victim = data.draw(st.sampled_from(alive))
+        self.killed[victim] = self.client._sources.get(victim)
         self.cluster.kill(victim)
         self.lost.add(victim)
         event(f"killed, {len(self.lost)} lost")
@@ -131,6 +133,7 @@ class ClusterMachine(RuleBasedStateMachine):
             self.client.wait_recovered(timeout=60)
             assert self.client.status()["recovery"]["rebuilding"] == []
             self.lost.clear()
+            self.killed.clear()
             event("recovered" + (" a rebuilding node" if rebuilding else ""))
 
     def _settle_others(self, timeout: float = 60.0):
@@ -147,6 +150,11 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_row_equals_the_model(self):
+        """A full read, when it cannot change what it checks: not while the client has yet to fail over a
+        killed node (the read would do it, at a moment the rules did not choose; they do it themselves)."""
+        if any(self.client._sources.get(p) == source for p, source in self.killed.items()):
+            event("full read skipped: a failover is pending")
+            return
         for name, (rows, _, _) in TABLES.items():
             ids = np.arange(rows)
             expect = np.array([self.model[name].record(i) for i in ids])
