@@ -92,3 +92,66 @@ def test_idle_windows_a_writer_that_exits_loses_nothing(tmp_path, code):
         assert bad.size == 0, f"{bad.size} rows lost their acknowledged writes, first {bad[:10].tolist()}"
         client.flush()
         check_parity(cluster, client)
+
+
+CREATOR = """
+import sys, ectable
+client = ectable.connect(sys.argv[1]); dim = int(sys.argv[2])
+print("READY", flush=True)
+for line in sys.stdin:
+    name = line.strip()
+    try:
+        client.create_table(name, num_rows=400, dim=dim, optimizer="adagrad", seed=dim)
+        print("WON", flush=True)
+    except ectable.InvalidRequest as exc:
+        print("LOST " + str(exc).replace("\\n", " "), flush=True)
+"""
+
+
+def test_concurrent_create_table_one_definition_wins_everywhere(tmp_path):
+    """Two client processes create each of 10 tables at the same moment, with different definitions:
+    exactly one wins each race, on every node; the other gets a clear error; every table then works,
+    a node SIGKILL and its rebuild included."""
+    from ectable.protocol.messages import Tables
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1) as cluster:
+        client = cluster.connect()
+        toml = tmp_path / "cluster.toml"
+        toml.write_text(ectable.config.dumps(cluster.describe()))
+        creators = [subprocess.Popen([sys.executable, "-c", CREATOR, str(toml), str(dim)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True) for dim in (2, 3)]
+        try:
+            assert [c.stdout.readline().strip() for c in creators] == ["READY"] * 2
+            winners = {}
+            for n in range(10):
+                for c in creators:
+                    c.stdin.write(f"race{n}\n")
+                    c.stdin.flush()
+                answers = [c.stdout.readline().strip() for c in creators]
+                assert sorted(a.split()[0] for a in answers) == ["LOST", "WON"], answers
+                lost = next(a for a in answers if a.startswith("LOST"))
+                assert f"'race{n}'" in lost and "different definition" in lost and "dim" in lost, lost
+                winners[f"race{n}"] = (2, 3)[answers.index("WON")]
+        finally:
+            for c in creators:
+                c.stdin.close()
+                c.wait(30)
+        for p in range(5):  # every node holds the winner's definition
+            tables = {t["name"]: t for t in cluster.channel(p).call(Tables().header(), [], 10.0)[0]["tables"]}
+            assert {name: tables[name]["dim"] for name in winners} == winners
+        rng = np.random.default_rng(3)
+        models = {}
+        for name, dim in winners.items():
+            spec = client._table(name)[0]
+            assert spec.dim == dim
+            models[name] = ReferenceTable(spec)
+            ids = rng.integers(0, 400, 200)
+            grads = rng.standard_normal((200, dim)).astype(np.float32)
+            client.apply_gradient(name, ids, grads)
+            models[name].apply_gradient(ids, grads)
+        cluster.kill(2)
+        client.wait_recovered(timeout=120)
+        for name, model in models.items():
+            touched = np.array(sorted(model.rows), dtype=np.int64)
+            np.testing.assert_array_equal(client.get(name, touched), model.get(touched))
+        client.flush()
+        check_parity(cluster, client)

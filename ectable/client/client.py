@@ -92,9 +92,11 @@ class Client:
         spec = TableSpec.from_config({"name": name, "num_rows": num_rows, "dim": dim, "seed": seed,
                                       "optimizer": {"name": optimizer, "lr": lr, "eps": eps},
                                       "init": {"kind": init, **init_args}})
-        if name in self._tables and self._tables[name][0] != spec:
+        existing = self._tables[name][0] if name in self._tables else TableSpec.from_config(
+            self.cluster.claim_table(spec.get_config()))  # racing creators: exactly one definition wins
+        if existing != spec:
             raise InvalidRequest(f"table {name!r} exists with a different definition "
-                                 f"(existing vs requested: {self._tables[name][0].differences(spec)})")
+                                 f"(existing vs requested: {existing.differences(spec)})")
         header = m.CreateTable(spec=spec.get_config()).header()  # nodes compute initial parity: in parallel
         self._catch_up()
         pending = self._positions()

@@ -72,6 +72,11 @@ class ClusterMap:
     def rebuilt(self, p: int) -> None:
         """The node at p reported nothing left to rebuild."""
 
+    def claim_table(self, config: dict) -> dict:
+        """The definition that holds for table `config["name"]`: the first a client claimed (see
+        `ClusterStore.claim_table`); here, with no store to agree in, `config`."""
+        return config
+
     def last_source(self, p: int) -> str | None:
         """The identity that held position p last, dead or alive."""
         return None
@@ -126,6 +131,12 @@ class StoredMap:
         if m is None:
             raise Unavailable(f"no cluster map under {self.store.prefix!r} in the membership store")
         self._map, self._spares, self._checked = m, spares, clock.monotonic()
+
+    def claim_table(self, config: dict) -> dict:
+        try:
+            return self.store.claim_table(config)
+        except MembershipUnavailable as exc:
+            raise Unavailable(f"the cluster's membership store does not answer: {exc}") from None
 
     def _recheck(self) -> None:
         if clock.monotonic() - self._checked > MAP_RECHECK:

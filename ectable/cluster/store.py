@@ -6,6 +6,7 @@
     <prefix>/decider          the failover decider that acts now, under its lease
     <prefix>/writers/<id>     a writer (a process's cluster object whose clients write), under its
                               lease: a spare waits for every live writer to replay before serving
+    <prefix>/tables/<name>    a table's definition, written once by the first client to create it
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class ClusterStore:
         self.alive_prefix = f"{self.prefix}/alive/"
         self.decider_key = f"{self.prefix}/decider"
         self.writers_prefix = f"{self.prefix}/writers/"
+        self.tables_prefix = f"{self.prefix}/tables/"
 
     # -- the map -----------------------------------------------------------
     def read_map(self) -> Map | None:
@@ -64,6 +66,17 @@ class ClusterStore:
         """The writers alive now."""
         kvs, _ = self.membership.range(self.writers_prefix)
         return {kv.key[len(self.writers_prefix):] for kv in kvs}
+
+    # -- tables ------------------------------------------------------------
+    def claim_table(self, config: dict) -> dict:
+        """The definition of table `config["name"]` that holds: `config` if no client claimed the name before
+        (one transaction: of racing claims exactly one wins), else the first claim's."""
+        key = self.tables_prefix + config["name"]
+        ok, _ = self.membership.txn([Compare.absent(key)], [Put(key, msgpack.packb(config, use_bin_type=True))])
+        if ok:
+            return config
+        kv = self.membership.get(key)
+        return config if kv is None else msgpack.unpackb(kv.value, raw=False)
 
     # -- election ----------------------------------------------------------
     def campaign(self, name: str, lease: int) -> bool:
