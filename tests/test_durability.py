@@ -155,3 +155,30 @@ def test_concurrent_create_table_one_definition_wins_everywhere(tmp_path):
             np.testing.assert_array_equal(client.get(name, touched), model.get(touched))
         client.flush()
         check_parity(cluster, client)
+
+
+@pytest.mark.parametrize("processes", [True, False], ids=["processes", "in-process"])
+def test_large_create_table_does_no_per_row_work_and_gives_the_same_rows(processes):
+    """create_table computes no row: each row's initial value (a pure function of seed, table and id) and
+    its stripe's parity are computed when first used, so other tables' training never waits for a large
+    one. Reads, writes, parity and a rebuild all see exactly the initial values."""
+    rows, dim = 200_000, 4
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, spares=1, processes=processes) as cluster:
+        client = cluster.connect()
+        client.create_table("big", num_rows=rows, dim=dim, optimizer="adagrad", init="normal", seed=9)
+        assert sum(n["initial_rows"] for n in client.status()["nodes"]) == rows  # nothing computed
+        model = ReferenceTable(client._table("big")[0])
+        rng = np.random.default_rng(4)
+        ids = rng.integers(0, rows, 3000)
+        np.testing.assert_array_equal(client.get("big", ids), init_rows(model.spec.init, 9, "big", ids, dim))
+        grads = rng.standard_normal((3000, dim)).astype(np.float32)
+        client.apply_gradient("big", ids, grads)
+        model.apply_gradient(ids, grads)
+        left = sum(n["initial_rows"] for n in client.status()["nodes"])
+        assert rows - np.unique(ids).size - 1 <= left < rows  # only what was used was computed
+        client.flush()
+        cluster.kill(1)
+        client.wait_recovered(timeout=120)  # the spare rebuilds every row, computed or not, from the others
+        sample = np.concatenate([np.unique(ids), rng.integers(0, rows, 3000)])
+        np.testing.assert_array_equal(client.get("big", sample), model.get(sample))
+        check_parity(cluster, client)

@@ -568,6 +568,7 @@ class Node:
             "role": "rebuilding" if self.rebuilding else "active",
             "tables": len(self.shards),
             "data_rows": sum(s.rows for s in shards),
+            "initial_rows": sum(s.initial_rows() for s in shards),
             "parity_rows": sum(s.parity.shape[0] for s in shards),
             "dirty_rows": sum(len(s.window) for s in shards),
             "unacked_deltas": len(self.unacked),

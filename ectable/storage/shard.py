@@ -10,7 +10,6 @@ from ..layout import Layout
 from .table import TableSpec
 from .window import Window
 
-INIT_CHUNK = 1 << 16  # stripes encoded per pass when a shard initialises its parity
 
 
 class NotRebuilt(Error):
@@ -45,6 +44,11 @@ class Shard:
         local_ids = layout.data_ids(node, np.arange(layout.data_capacity()))
         valid = local_ids < spec.num_rows
         self.rows = int(valid.sum())
+        # Rows and parity rows still at their initial values are computed when first used (a pure function of
+        # seed, table and id): creating a table costs its allocation only, whatever its size.
+        self.fresh: np.ndarray | None = None  # per data row: not computed yet (None: none left)
+        self.fresh_parity: np.ndarray | None = None
+        self._fresh_left = [0, 0]
         if rebuilding:
             self.missing_data = valid
             self.missing_parity = np.zeros(self.parity.shape[0], dtype=bool)
@@ -54,8 +58,11 @@ class Shard:
             self._settle()
         else:
             self.missing_data = self.missing_parity = None
-            self.records[valid, : self.dim] = self._initial(local_ids[valid])
-            self._init_parity()
+            if spec.init["kind"] != "zeros":  # zero rows have zero parity: nothing to compute
+                self.fresh, self._fresh_left[0] = valid, self.rows
+                if layout.r:
+                    self.fresh_parity = np.ones(self.parity.shape[0], dtype=bool)
+                    self._fresh_left[1] = self.parity.shape[0]
 
     # -- initial state ---------------------------------------------------
     def _initial(self, ids):
@@ -67,16 +74,46 @@ class Shard:
         out[valid, : self.dim] = self._initial(ids[valid])
         return out
 
-    def _init_parity(self):
-        if self.spec.init["kind"] == "zeros" or self.layout.r == 0:
+    def initial_rows(self) -> int:
+        """Data rows whose initial values are not computed yet (they are when first used)."""
+        return self._fresh_left[0] if self.fresh is not None else 0
+
+    def _compute(self, local) -> None:
+        """Give data rows `local` that are still fresh their initial values."""
+        if self.fresh is None:
             return
-        k = self.layout.k
-        for j in range(self.layout.r):
-            stripes = self.layout.stripes_of(self.node, k + j)
-            for start in range(0, stripes.size, INIT_CHUNK):
-                part = stripes[start:start + INIT_CHUNK]
-                data = [self._initial_records(part * k + i).view(np.uint8) for i in range(k)]
-                self.parity[self.layout.parity_offset(part, j)] = self.code.encode(data)[j]
+        pick = np.unique(local[self.fresh[local]])
+        if pick.size:
+            self.records[pick, : self.dim] = self._initial(self.layout.data_ids(self.node, pick))
+            self._computed(0, pick)
+
+    def _compute_parity(self, local) -> None:
+        """Give parity rows `local` that are still fresh the parity of their stripes' initial data."""
+        if self.fresh_parity is None:
+            return
+        pick = np.unique(local[self.fresh_parity[local]])
+        if pick.size:
+            stripes, js = self.layout.parity_stripes(self.node, pick)
+            k = self.layout.k
+            coded = self.code.encode([self._initial_records(stripes * k + i).view(np.uint8) for i in range(k)])
+            rows = np.empty((pick.size, self.width * 4), dtype=np.uint8)
+            for j in range(self.layout.r):
+                rows[js == j] = coded[j][js == j]
+            self.parity[pick] = rows
+            self._computed(1, pick)
+
+    def _computed(self, which: int, local) -> None:
+        """Rows `local` (data: 0, parity: 1) hold real values now."""
+        flags = self.fresh if which == 0 else self.fresh_parity
+        if flags is None:
+            return
+        self._fresh_left[which] -= int(np.count_nonzero(flags[local]))
+        flags[local] = False
+        if self._fresh_left[which] <= 0:
+            if which == 0:
+                self.fresh = None
+            else:
+                self.fresh_parity = None
 
     # -- data rows -------------------------------------------------------
     def local(self, ids: np.ndarray, rebuilt: bool = True) -> np.ndarray:
@@ -99,6 +136,7 @@ class Shard:
     def read(self, ids, committed=False, records=False) -> np.ndarray:
         """Weights (or whole records) of rows; `committed`: as of the open window's start."""
         local = self.local(ids)
+        self._compute(local)
         out = self.window.committed(local, self.records) if committed else self.records[local]
         return out if records else np.ascontiguousarray(out[:, : self.dim])
 
@@ -106,6 +144,7 @@ class Shard:
         """(local offsets, new records) of rows `ids` after a "put" of weights `values` or an "apply_gradient"
         of gradients `values`; nothing changes until `commit`."""
         local = self.local(ids)
+        self._compute(local)
         rows = self.records[local]
         if kind == "put":
             rows[:, : self.dim] = values
@@ -153,6 +192,7 @@ class Shard:
             if not keep.all():
                 skipped = ids[~keep], delta[~keep]
             j, local, pos, delta = j[keep], local[keep], pos[keep], delta[keep]
+        self._compute_parity(local)
         self._xor_terms(j, local, pos, delta)
         return skipped
 
@@ -167,6 +207,7 @@ class Shard:
         _, local = self.parity_slots(stripes)
         if self.missing_parity is not None and self.missing_parity[local].any():
             raise NotRebuilt(self.spec.name, stripes[self.missing_parity[local]], "parity")
+        self._compute_parity(local)
         return self.parity[local], self.versions[local]
 
     def count_degraded(self, ids: np.ndarray) -> None:
@@ -179,6 +220,7 @@ class Shard:
         local = self.layout.data_offset(ids)
         todo = self.missing_data[local]
         self.records[local[todo]] = records[todo]
+        self._computed(0, local[todo])
         self.missing_data[local[todo]] = False
         self._settle()
 
@@ -189,6 +231,7 @@ class Shard:
         _, local = self.parity_slots(stripes)
         todo = self.missing_parity[local]
         self.parity[local[todo]] = rows[todo]
+        self._computed(1, local[todo])
         self.versions[local[todo]] = versions[todo]
         self.missing_parity[local[todo]] = False
         fresh = stripes[todo]
