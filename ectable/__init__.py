@@ -12,9 +12,10 @@ if _util.find_spec(__name__ + ".transport") is None:  # a plain checkout: `trans
 
 from . import config
 from .client import Client, connect
-from .errors import Error, InvalidRequest, NodeDown, Unavailable
+from .errors import AuthenticationFailed, Error, InvalidRequest, NodeDown, Unavailable
 from .process.local import LocalCluster
 from .storage.table import TableSpec
 
 __version__ = "0.1.0"
-__all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown"]
+__all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown",
+           "AuthenticationFailed"]

@@ -9,6 +9,10 @@ class InvalidRequest(Error, ValueError):
     """A request was malformed; it changed nothing."""
 
 
+class AuthenticationFailed(Error):
+    """A node refused this process's connection: missing or wrong CURVE keys."""
+
+
 class Unavailable(Error):
     """Rows cannot be served: more than r slots of their stripe are lost."""
 

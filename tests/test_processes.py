@@ -248,17 +248,23 @@ def test_curve_refuses_unauthenticated_clients(tmp_path):
         client.create_table("t", num_rows=10, dim=2, init="zeros")
         client.put("t", [1], np.ones((1, 2)))
         np.testing.assert_array_equal(client.get("t", [1]), np.ones((1, 2)))
-        plain = ZmqChannel(c.endpoints[0], zmq.Context.instance(), connect_timeout=2.0)
-        with pytest.raises(ectable.NodeDown):
-            plain.call({"op": "get", "table": "t"}, [np.array([1])], 2.0)
+        plain = ZmqChannel(c.endpoints[0], zmq.Context.instance(), connect_timeout=10.0)
+        with pytest.raises(ectable.AuthenticationFailed, match="failed .the security mechanisms differ.: this client "
+                                                               "has no CURVE keys"):
+            plain.call({"op": "get", "table": "t"}, [np.array([1])], 10.0)
         plain.close()
         other_public, other_secret = zmq.curve_keypair()
         stranger = ZmqChannel(c.endpoints[0], zmq.Context.instance(),
                               {**curve, "client_public": other_public.decode(), "client_secret": other_secret.decode()},
-                              connect_timeout=2.0)
-        with pytest.raises(ectable.NodeDown):
-            stranger.call({"op": "status"}, [], 2.0)
+                              connect_timeout=10.0)
+        with pytest.raises(ectable.AuthenticationFailed, match="the node refused this client's key"):
+            stranger.call({"op": "status"}, [], 10.0)
         stranger.close()
+        toml = tmp_path / "cluster.toml"  # the cluster file without its [security] section
+        toml.write_text(ectable.config.dumps({k: v for k, v in c.describe().items() if k != "security"}))
+        with pytest.raises(ectable.AuthenticationFailed, match="no CURVE keys"):
+            ectable.connect(str(toml))
+        assert all(c.state(p) == "up" for p in range(3))  # a refused client fails no node over
 
 
 def test_up_and_status_from_the_shell(tmp_path):

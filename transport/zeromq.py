@@ -7,12 +7,15 @@ from typing import Callable
 
 import zmq
 
-from ..errors import NodeDown
+from ..errors import AuthenticationFailed, NodeDown
 from . import codec
 from .base import Channel, Pending
 
 POLL = 0.05  # seconds between liveness checks while waiting
 HWM = 1000
+HANDSHAKE_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed",
+                    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the security mechanisms differ",
+                    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the node refused this client's key"}
 
 
 def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, server: bool = False,
@@ -80,13 +83,26 @@ class ZmqChannel(Channel):
         self.connect_timeout = connect_timeout
         self._ids = itertools.count(1)
         self._replies: dict[int, tuple] = {}
-        self._sock = None
+        self._sock = self._monitor = None
 
     def _socket(self):
         if self._sock is None:
             self._sock = make_socket(self._context, zmq.DEALER, self._curve)
+            self._monitor = self._sock.get_monitor_socket(sum(HANDSHAKE_FAILED))
             self._sock.connect(self.endpoint)
         return self._sock
+
+    def _check_handshake(self) -> None:
+        """Raise `AuthenticationFailed` if the connection's security handshake failed (not a dead node)."""
+        from zmq.utils.monitor import recv_monitor_message
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event in HANDSHAKE_FAILED:
+                has = "CURVE keys the node does not accept" if self._curve else "no CURVE keys"
+                self._reset()
+                raise AuthenticationFailed(
+                    f"authentication with {self.endpoint} failed ({HANDSHAKE_FAILED[event]}): this client has "
+                    f"{has}; connect with the cluster file's [security] section (made by `ectable keygen`)")
 
     def start(self, header, arrays):
         rid = next(self._ids)
@@ -97,6 +113,7 @@ class ZmqChannel(Channel):
                 self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
                 return _ZmqPending(self, rid)
             except zmq.Again:  # not connected (yet): IMMEDIATE refuses to queue
+                self._check_handshake()
                 if time.monotonic() > deadline or (self._alive and not self._alive()):
                     self._reset()
                     raise NodeDown(f"{self.endpoint} does not accept requests") from None
@@ -110,6 +127,7 @@ class ZmqChannel(Channel):
                 self._reset()
                 raise NodeDown(f"{self.endpoint} died (it is no longer a live member) before it answered")
             if left <= 0:
+                self._check_handshake()
                 self._reset()
                 raise NodeDown(f"{self.endpoint} did not answer within {timeout} s")
             sock = self._socket()
@@ -124,8 +142,10 @@ class ZmqChannel(Channel):
     def _reset(self):
         """Forget the socket: late replies of a dead or slow node must not be read as new ones."""
         if self._sock is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(0)
             self._sock.close(0)
-            self._sock = None
+            self._sock = self._monitor = None
         self._replies.clear()
 
     def close(self):
