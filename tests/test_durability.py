@@ -182,3 +182,34 @@ def test_large_create_table_does_no_per_row_work_and_gives_the_same_rows(process
         sample = np.concatenate([np.unique(ids), rng.integers(0, rows, 3000)])
         np.testing.assert_array_equal(client.get("big", sample), model.get(sample))
         check_parity(cluster, client)
+
+
+def test_a_delta_carries_only_the_marks_of_its_windows_clients():
+    """A node that 40 clients wrote to sends, per window, the marks of the clients that wrote in it (a
+    target's first delta: of all); its parity holders still know every client's last write (`applied`)."""
+    from ectable.config import ClusterConfig
+    from ectable.protocol.messages import Applied, Write
+    from ectable.storage.node import Node
+    from ectable.storage.table import TableSpec
+
+    config = ClusterConfig(5, "xor", 4, 1)
+    spec = TableSpec.from_config({"name": "t", "num_rows": 400, "dim": 2, "seed": 0,
+                                  "optimizer": {"name": "sgd", "lr": 0.1}, "init": {"kind": "zeros"}})
+    nodes = [Node(p, config) for p in range(5)]
+    for node in nodes:
+        node.handle({"op": "create_table", "spec": spec.get_config()}, [])
+        node.source = f"node/{node.position}"
+    layout = config.layout(spec)
+    ids = np.array([i for i in range(400) if layout.data_node([i])[0] == 0][:40])
+    sizes = []
+    for n, row in enumerate(ids.tolist()):
+        header = Write(parts=[["t", "put"]], cid=f"client-{n}", cseq=1).header()
+        assert "seq" in nodes[0].handle(header, [np.array([row]), np.ones((1, 2), np.float32)])[0]
+        nodes[0].close_window()
+        for target, delta, arrays in nodes[0].take_outbox():
+            sizes.append(len(delta["clients"]))
+            assert nodes[target].handle(delta, arrays)[0]["ack"] == delta["seq"]
+    assert sizes[:4] == [1, 1, 1, 1] and set(sizes[4:]) == {1}  # never the 40 of them
+    for target in range(1, 5):
+        marks = nodes[target].handle(Applied(source="node/0").header(), [])[0]["clients"]
+        assert marks == {f"client-{n}": 1 for n in range(40)}

@@ -249,15 +249,15 @@ def test_curve_refuses_unauthenticated_clients(tmp_path):
         client.put("t", [1], np.ones((1, 2)))
         np.testing.assert_array_equal(client.get("t", [1]), np.ones((1, 2)))
         plain = ZmqChannel(c.endpoints[0], zmq.Context.instance(), connect_timeout=10.0)
-        with pytest.raises(ectable.AuthenticationFailed, match="failed .the security mechanisms differ.: this client "
-                                                               "has no CURVE keys"):
+        with pytest.raises(ectable.AuthenticationFailed, match="^authentication with .* failed .*: this client has "
+                                                               "no CURVE keys"):
             plain.call({"op": "get", "table": "t"}, [np.array([1])], 10.0)
         plain.close()
         other_public, other_secret = zmq.curve_keypair()
         stranger = ZmqChannel(c.endpoints[0], zmq.Context.instance(),
                               {**curve, "client_public": other_public.decode(), "client_secret": other_secret.decode()},
                               connect_timeout=10.0)
-        with pytest.raises(ectable.AuthenticationFailed, match="the node refused this client's key"):
+        with pytest.raises(ectable.AuthenticationFailed, match="CURVE keys the node does not accept"):
             stranger.call({"op": "status"}, [], 10.0)
         stranger.close()
         toml = tmp_path / "cluster.toml"  # the cluster file without its [security] section

@@ -75,6 +75,7 @@ class Node:
         self.client_marks: dict[str, int] = {}  # client id -> its last write applied here
         self.closed_marks: dict[str, int] = {}  # client marks as of the last closed window (= committed records)
         self.client_writes: dict[str, tuple[int, int]] = {}  # client id -> (its last write, our seq for it)
+        self.window_clients: dict[str, int] = {}  # client id -> its last write in the open window
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
         self.queued_rows = 0
@@ -249,6 +250,7 @@ class Node:
         self.write_seq += 1
         if cid is not None:
             self.client_marks[cid] = max(cseq, self.client_marks.get(cid, 0))  # this client's writes so far
+            self.window_clients[cid] = self.client_marks[cid]
             self.client_writes[cid] = (cseq, self.write_seq)
         return self.write_seq
 
@@ -354,8 +356,9 @@ class Node:
             self.apply_queued()
         self.applied[source] = seq
         clients = msg.clients
-        if isinstance(clients, dict):
-            self.applied_clients[source] = {c: v for c, v in clients.items() if isinstance(c, str) and isinstance(v, int)}
+        if isinstance(clients, dict):  # the marks of the clients that wrote in that window: the others stand
+            marks = self.applied_clients.setdefault(source, {})
+            marks.update((c, v) for c, v in clients.items() if isinstance(c, str) and isinstance(v, int))
         return {"ack": seq}, []
 
     def apply_queued(self) -> None:
@@ -438,8 +441,11 @@ class Node:
             marks = msg.marks
             if isinstance(marks, dict):  # rebuilt rows hold each source's windows up to the cut: so must its marks
                 for source, m in marks.items():
-                    if source in cut and source not in self.applied_clients and isinstance(m, dict):
-                        self.applied_clients[source] = {c: v for c, v in m.items() if isinstance(c, str) and isinstance(v, int)}
+                    if source in cut and isinstance(m, dict):
+                        have = self.applied_clients.setdefault(source, {})
+                        for c, v in m.items():
+                            if isinstance(c, str) and isinstance(v, int) and v > have.get(c, 0):
+                                have[c] = v
         else:
             keys = self._ids(shard, keys)
             if values.dtype != np.float32 or values.shape != (keys.size, shard.width):
@@ -502,6 +508,7 @@ class Node:
             for shard in self.shards.values():
                 shard.window.drain()
             self.durable_seq = self.write_seq
+            self.window_clients = {}
             return
         parts: dict[int, tuple[list, list]] = {t: ([], []) for t in range(self.config.nodes) if t != self.position}
         for name, shard in self.shards.items():
@@ -518,13 +525,16 @@ class Node:
                 parts[target][0].append(name)
                 parts[target][1].extend([ids[pick], delta[pick]])
         self.closed_marks = dict(self.client_marks)
+        window_clients, self.window_clients = self.window_clients, {}
         self.closed_windows += 1
         window = self.closed_windows
         self.windows[window] = [self.write_seq, len(parts)]
         for target, (names, arrays) in parts.items():
             seq = self._next_seq.get(target, 0) + 1
             self._next_seq[target] = seq
-            header = messages.Delta(source=self.source, seq=seq, tables=names, clients=dict(self.client_marks)).header()
+            # the marks of the clients that wrote in this window (a target's first delta: of every client)
+            clients = dict(self.client_marks) if seq == 1 else window_clients
+            header = messages.Delta(source=self.source, seq=seq, tables=names, clients=clients).header()
             self.outbox.append((target, header, arrays))
             self.unacked[(target, seq)] = window
         self._advance()
