@@ -384,3 +384,11 @@ def test_only_the_owning_cluster_may_remap_or_stop_a_node(cluster):
     ch.close()
     assert all(c.state(p) == "up" for p in range(5))
     client.get("users", np.arange(700))
+
+
+@pytest.mark.parametrize("bind", ["tcp://0.0.0.0:0", "tcp://198.18.0.1:0", "tcp://*:0"])
+def test_a_node_without_keys_refuses_to_listen_beyond_loopback(bind):
+    out = subprocess.run([sys.executable, "-m", "ectable", "node", "--bind", bind], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0 and "without CURVE keys" in out.stderr and bind in out.stderr
+    assert "READY" not in out.stdout

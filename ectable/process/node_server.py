@@ -319,9 +319,22 @@ def die_with_parent(parent: int) -> None:
         sys.exit(0)
 
 
+def is_loopback(endpoint: str) -> bool:
+    """Whether a tcp:// (or ipc:// / inproc://) endpoint stays on this machine."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint.startswith(("ipc://", "inproc://"))
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
 def run(bind: str, curve: dict | None = None, parent: int | None = None, map_header: dict | None = None,
         token: str | None = None, membership: dict | None = None) -> None:
-    """Serve until told to shut down; prints `READY <endpoint>` once listening."""
+    """Serve until told to shut down; prints `READY <endpoint>` once listening. Without CURVE keys it listens
+    on loopback only (anyone who can reach the port could otherwise write to the node)."""
+    if not curve and not is_loopback(bind):
+        sys.exit(f"ectable node: refusing to listen on {bind} without CURVE keys: any host that reaches it could "
+                 f"send it requests; make keys with `ectable keygen` and list them in the cluster file's [security], "
+                 f"or bind to 127.0.0.1")
     if parent:
         die_with_parent(parent)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
