@@ -130,12 +130,18 @@ def test_a_node_killed_while_a_spare_rebuilds(second):
         client = trainer.client
         trainer.train(rounds=3, batch=2000)
         a, b = 1, 4
+        # Every delta acknowledged before each kill: a node killed while its last window had reached only some
+        # parity holders gets the laggards' rows invalidated, which can leave stripes it shares with the other
+        # lost position short of k slots (docs/design.md, "Known limits, open"; the simulation and the
+        # after-step kills of test_r_nodes_sigkilled_back_to_back kill with deltas in flight).
+        client.flush()
         cluster.kill(a)
         trainer.train(rounds=2, batch=2000)
         left = rebuilding_with_rows_left(client, a)
         assert left > 500, f"the spare at {a} rebuilt too fast for the test: {left} rows left"
         victim = b if second == "another-position" else a
         spare = cluster.node_pids()[a]
+        client.flush()
         cluster.kill(victim)
         trainer.train(rounds=3, batch=2000, step=False)  # three batches in one window, then with steps
         trainer.train(rounds=2, batch=2000)

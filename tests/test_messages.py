@@ -48,3 +48,20 @@ def test_nodes_refuse_bad_headers_with_an_error_code_and_change_nothing():
     assert ErrorCode(reply["error"]) is ErrorCode.INVALID and "field 'table'" in reply["message"]
     reply, _ = node.handle({"op": "ping"}, [])  # a control op: answered by hosts only
     assert ErrorCode(reply["error"]) is ErrorCode.INVALID and node.rejected == 2 and not node.shards
+
+
+def test_a_node_that_holds_a_position_refuses_a_map_giving_it_another():
+    """(found by simulation seed rs 310) A decider acting on a node's stale presence ("a spare") must not get
+    its identity recorded at a second position."""
+    from ectable.config import ClusterConfig
+    from ectable.process.host import NodeHost
+    from ectable.protocol.messages import ErrorCode, MapUpdate
+
+    config = ClusterConfig(5, "rs", 3, 2).get_config()
+    endpoints = [f"tcp://127.0.0.1:{4000 + i}" for i in range(5)]
+    host = NodeHost(endpoints[3], "token")
+    first = host.apply_map(MapUpdate(endpoints=endpoints, token="token", epoch=1, config=config, position=3))
+    assert first["source"] == host.node.source and host.node.position == 3
+    again = host.apply_map(MapUpdate(endpoints=endpoints, token="token", epoch=2, config=config, position=2))
+    assert ErrorCode(again["error"]) is ErrorCode.NOT_MEMBER and "position 3 already" in again["message"]
+    assert host.node.position == 3 and "source" not in again

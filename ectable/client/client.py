@@ -155,7 +155,8 @@ class Client:
             uniq, inverse = np.unique(flat, return_inverse=True)
             plan[table] = (uniq, inverse.reshape(shape), np.empty((uniq.size, spec.dim), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
-        done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps]).header(), [ids for _, ids, _ in ps])
+        done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], node=self._sources.get(p)).header(),
+                                  [ids for _, ids, _ in ps])
                               for p, ps in parts.items()})
         for p, ps in parts.items():
             rows = done[p] if p in done else self._read_node(p, {table: ids for table, ids, _ in ps})
@@ -170,7 +171,8 @@ class Client:
             if self._state(p) == "dead":
                 out = self.repair.read_many(ids)
                 return [out[t] if records else np.ascontiguousarray(out[t][:, : self._table(t)[0].dim]) for t in ids]
-            return self._call(p, m.GetMany(tables=list(ids), records=records).header(), list(ids.values()))[1]
+            header = m.GetMany(tables=list(ids), records=records, node=self._sources.get(p)).header()
+            return self._call(p, header, list(ids.values()))[1]
         return self._with_failover(p, attempt)
 
     def _with_failover(self, p, attempt):
@@ -248,7 +250,7 @@ class Client:
         writes = {p: [(table, batch[table][0], ids, batch[table][2][where]) for table, ids, where in ps]
                   for p, ps in parts.items()}
         entries = {p: self._logged(p, w) for p, w in writes.items() if self._state(p) != "dead"}
-        done = self._fan_out({p: self._write_request(e) for p, e in entries.items()}, entries)
+        done = self._fan_out({p: self._write_request(e, self._sources.get(p)) for p, e in entries.items()}, entries)
         for p, w in writes.items():
             if p in done:
                 entries[p].seq = done[p]
@@ -265,8 +267,9 @@ class Client:
         return entry
 
     @staticmethod
-    def _write_request(entry):
-        header = m.Write(parts=[[table, kind] for table, kind, _, _ in entry.writes], cid=entry.cid,
+    def _write_request(entry, node):
+        """A logged write's request to the node identity `node` (another incarnation at its position refuses it)."""
+        header = m.Write(parts=[[table, kind] for table, kind, _, _ in entry.writes], cid=entry.cid, node=node,
                          cseq=entry.cseq).header()
         return header, [a for _, _, ids, values in entry.writes for a in (ids, values)]
 
@@ -293,7 +296,7 @@ class Client:
                 return
             if entry is None:  # a spare came meanwhile: what went through the parity is not written again
                 entry = self._logged(p, writes[degraded:])
-            entry.seq = self._call(p, *self._write_request(entry))[0]["seq"]
+            entry.seq = self._call(p, *self._write_request(entry, self._sources.get(p)))[0]["seq"]
         self._with_failover(p, attempt)
 
     def _parts(self, ids_by_table: dict) -> dict:

@@ -132,11 +132,13 @@ class Repair:
                 rows, cols = np.nonzero(mine[:, :k])
                 if rows.size:
                     requests[(node, "data", table)] = (
-                        Get(table=table, committed=True, records=True).header(), [stripes[rows] * k + cols])
+                        Get(table=table, committed=True, records=True, node=self._node(node)).header(),
+                        [stripes[rows] * k + cols])
                     where[(node, "data", table)] = (rows, cols)
                 rows, cols = np.nonzero(mine[:, k:])
                 if rows.size:
-                    requests[(node, "parity", table)] = (GetParity(table=table).header(), [stripes[rows]])
+                    requests[(node, "parity", table)] = (GetParity(table=table, node=self._node(node)).header(),
+                                                         [stripes[rows]])
                     where[(node, "parity", table)] = (rows, k + cols)
         for (node, kind, table), (reply, arrays) in self.client._gather(requests).items():
             cut = cuts[table]

@@ -66,6 +66,10 @@ class NodeHost:
             if msg.epoch < self.epoch:  # an older map overtaken by a newer one: keep the newer
                 return {"source": self.node and self.node.source}
             self.epoch = msg.epoch
+        if self.node is not None and msg.position is not None and msg.position != self.node.position:
+            # a decider that read this node's presence from before it took its position: it is no spare
+            return messages.error(ErrorCode.NOT_MEMBER, f"this node holds position {self.node.position} already, "
+                                                        f"not {msg.position}")
         if self.node is None and msg.position is not None:
             try:
                 config = ClusterConfig(**(msg.config or {}))
