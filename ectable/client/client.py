@@ -14,7 +14,7 @@ from ..protocol.messages import ErrorCode
 from ..storage.shard import NotRebuilt
 from ..storage.table import TableSpec
 
-CREATE_DEADLINE = 600.0  # a new table's initial parity is computed from every row
+CREATE_DEADLINE = 120.0  # a node allocates a new table (its rows are computed when first used)
 REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
 REPLAY_WAIT = 15.0  # longest a client waits for a replacement to apply every writer's replays
 
@@ -97,7 +97,7 @@ class Client:
         if existing != spec:
             raise InvalidRequest(f"table {name!r} exists with a different definition "
                                  f"(existing vs requested: {existing.differences(spec)})")
-        header = m.CreateTable(spec=spec.get_config()).header()  # nodes compute initial parity: in parallel
+        header = m.CreateTable(spec=spec.get_config()).header()  # to every node at once
         self._catch_up()
         pending = self._positions()
         while pending:  # a node that dies meanwhile is failed over; what stands at its position gets the table
