@@ -6,9 +6,11 @@ In one run, interleaved, each `--repeat` times (the median counts):
   iterations: how embedding tables are protected today;
 - code "none", xor(4,1) and rs(4,2) on 6 nodes, and "none" and rs(6,3) on 9 nodes; each
   code's ratio is against "none" on as many nodes.
-Nodes are processes on loopback (ZeroMQ) unless `--in-process`.
+Nodes are processes on loopback (ZeroMQ) unless `--in-process`. With `--curve`, instead: "none" and
+xor(4,1) on 6 nodes, each with and without CURVE (every connection authenticated and encrypted).
 
     python -m bench.train_loop --workload criteo movielens --scale 0.1 --compute-ms 20
+    python -m bench.train_loop --workload criteo --curve
 """
 from __future__ import annotations
 
@@ -27,6 +29,16 @@ from .workloads import DIM, WORKLOADS, Workload
 
 WARMUP = 3  # untimed iterations first
 STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("rs", 4, 2, 6), ("none", 4, 0, 9), ("rs", 6, 3, 9)]
+CURVE_STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("none", 4, 0, 6, "curve"), ("xor", 4, 1, 6, "curve")]
+
+
+def curve_keys() -> dict:
+    """A [security] section as `ectable keygen` writes it."""
+    import zmq
+    (server_public, server_secret), (client_public, client_secret) = zmq.curve_keypair(), zmq.curve_keypair()
+    return {"server_public": server_public.decode(), "server_secret": server_secret.decode(),
+            "client_public": client_public.decode(), "client_secret": client_secret.decode(),
+            "allowed": [client_public.decode()]}
 
 
 def rowwise_adagrad(rec: np.ndarray, summed: np.ndarray, lr=np.float32(0.01), eps=np.float32(1e-8)) -> None:
@@ -74,9 +86,11 @@ def create_tables(client, work: Workload, init: str = "zeros") -> None:
         client.create_table(t, num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", init=init)
 
 
-def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processes: bool, compute: float = 0.0) -> float:
+def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processes: bool, compute: float = 0.0,
+                 curve: dict | None = None) -> float:
     """Seconds for the timed iterations on a cluster: get_many, model step, apply_gradient_many, step."""
-    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes) as cluster:
+    keys = {"curve": curve} if curve else {}
+    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes, **keys) as cluster:
         client = cluster.connect()
         create_tables(client, work)
         start = 0.0
@@ -91,27 +105,30 @@ def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processe
         return time.perf_counter() - start
 
 
-def store_name(code, k, r, nodes) -> str:
-    return (f"{code}({k},{r})" if r else "none") + f" {nodes} nodes"
+def store_name(code, k, r, nodes, curve=None) -> str:
+    return (f"{code}({k},{r})" if r else "none") + f" {nodes} nodes" + (" + CURVE" if curve else "")
 
 
-def run(work: Workload, repeat: int, compute: float, checkpoint_every: int, processes: bool) -> dict:
+def run(work: Workload, repeat: int, compute: float, checkpoint_every: int, processes: bool,
+        stores: list = STORES) -> dict:
     """{store: median seconds}, every store run `repeat` times, interleaved."""
     ckpt = f"numpy + checkpoint every {checkpoint_every} it."
     runs: dict[str, list] = {}
+    keys = curve_keys() if any(len(s) > 4 for s in stores) else None
     for _ in range(repeat):  # interleaved, so a noisy neighbour hurts every store alike
         runs.setdefault("numpy", []).append(numpy_loop(work, compute))
-        runs.setdefault(ckpt, []).append(numpy_loop(work, compute, checkpoint_every))
-        for code, k, r, nodes in STORES:
-            runs.setdefault(store_name(code, k, r, nodes), []).append(
-                cluster_loop(work, code, k, r, nodes, processes, compute))
+        if stores is STORES:
+            runs.setdefault(ckpt, []).append(numpy_loop(work, compute, checkpoint_every))
+        for code, k, r, nodes, *curve in stores:
+            runs.setdefault(store_name(code, k, r, nodes, *curve), []).append(
+                cluster_loop(work, code, k, r, nodes, processes, compute, keys if curve else None))
     return {"median": {name: float(np.median(t)) for name, t in runs.items()}, "seconds": runs}
 
 
-def table(work: Workload, median: dict) -> list:
-    """[store, ids/s, against none on as many nodes, against numpy] per store."""
+def table(work: Workload, median: dict, stores: list = STORES) -> list:
+    """[store, ids/s, against none on as many nodes (with CURVE if it has it), against numpy] per store."""
     ids = sum(sum(v.size for v in b.values()) for b in work.batches[WARMUP:])
-    none = {store_name(*s): median[store_name("none", 4, 0, s[3])] for s in STORES}
+    none = {store_name(*s): median[store_name("none", 4, 0, *s[3:])] for s in stores}
     return [[name, round(ids / secs), round(none[name] / secs, 3) if name in none else "-",
              round(median["numpy"] / secs, 3)] for name, secs in median.items()]
 
@@ -126,15 +143,19 @@ def main():
     parser.add_argument("--compute-ms", type=float, default=0.0,
                         help="idle time per iteration between get and apply_gradient (the model's own step)")
     parser.add_argument("--checkpoint-every", type=int, default=15, help="iterations between full checkpoints")
+    parser.add_argument("--curve", action="store_true", help="none and xor(4,1), each with and without CURVE keys")
     args = parser.parse_args()
+    stores = CURVE_STORES if args.curve else STORES
     compute = args.compute_ms / 1000
     for name in args.workload:
         work = WORKLOADS[name](args.iters, args.scale)
-        result = run(work, args.repeat, compute, args.checkpoint_every, not args.in_process)
+        result = run(work, args.repeat, compute, args.checkpoint_every, not args.in_process, stores)
         mode = "in process" if args.in_process else "node processes over ZeroMQ"
         print(f"\n{work.describe()}; {args.iters} iterations, {mode}, {args.compute_ms:g} ms model step")
         suffix = ("_inprocess" if args.in_process else "") + (f"_compute{args.compute_ms:g}ms" if compute else "")
-        report(f"train_loop_{name}{suffix}", ["store", "ids/s", "vs none", "vs numpy"], table(work, result["median"]),
+        suffix += "_curve" if args.curve else ""
+        report(f"train_loop_{name}{suffix}", ["store", "ids/s", "vs none", "vs numpy"],
+               table(work, result["median"], stores),
                {**result, "workload": work.describe(), "compute_ms": args.compute_ms, "iters": args.iters,
                 "unique_per_batch": work.unique_per_batch(), "checkpoint_every": args.checkpoint_every})
 
