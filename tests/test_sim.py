@@ -33,7 +33,9 @@ def test_every_seed_keeps_the_guarantees(code):
 FOUND = [("rs", 253, "a client catching up on two moved positions failed the second over after the first's "
                      "failover had caught it up: it declared the live replacement dead"),
          ("rs", 310, "a decider that read a node's presence from before it took a position put it in a second "
-                     "position: the map named one identity at two positions, reads of one went to the other")]
+                     "position: the map named one identity at two positions, reads of one went to the other"),
+         ("rs", 258, "a parity row rebuilt while a live node still rebuilt a data row of its stripe (decoded, not "
+                     "read) missed that node's deltas skipped meanwhile: the node was not in the restore's cut")]
 
 
 @pytest.mark.timeout(300)

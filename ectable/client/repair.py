@@ -70,12 +70,14 @@ class Repair:
         while True:
             cuts = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}
             try:
-                while any(cut["read"].any() for cut in cuts.values()):  # first every slot, then what moved
+                while any(cut["read"].any() or cut["mark"] for cut in cuts.values()):  # every slot, then what moved
                     self._read(cuts)
                     for cut in cuts.values():
-                        cut["read"] = self._inconsistent(cut["nodes"], cut["chosen"] & ~cut["virtual"],
-                                                         cut["senders"], cut["holders"], cut["k"], cut["versions"])
-                    if any(cut["read"].any() for cut in cuts.values()):
+                        lagging, ahead = self._lag(cut["senders"], cut["holders"])
+                        cut["read"] = self._inconsistent(cut["nodes"], cut["chosen"] & ~cut["virtual"], lagging,
+                                                         ahead, cut["k"], cut["versions"])
+                        cut["mark"] = cut["markers"] & ahead
+                    if any(cut["read"].any() or cut["mark"] for cut in cuts.values()):
                         if clock.monotonic() > deadline:
                             raise Error(f"tables {list(stripes)}: parity holders kept lagging behind the data")
                         clock.sleep(0.001)
@@ -91,21 +93,27 @@ class Repair:
         """A fresh read of `stripes`: which slots to read from where (again after a failover)."""
         spec, layout = self.client._table(table)
         nodes, virtual, have = self._slots(table, stripes)
+        live = have & ~virtual
         if unread[table] is None:
             unread[table] = nodes == skip
         have &= ~unread[table]
         self._short(table, stripes, have)
         chosen = have & (np.cumsum(have, axis=1) <= layout.k)
+        # Live data nodes whose slots are decoded, not read (they are rebuilding them): what they had sent each
+        # holder is part of the cut all the same, or deltas they send meanwhile would be missed by a rebuilt
+        # parity row (a holder lacking the row skips them, and folds in at restore only those of the cut).
+        decoded = ~chosen[:, :layout.k] & ~virtual[:, :layout.k] & (nodes[:, :layout.k] != skip)
+        markers = set(nodes[:, :layout.k][decoded & live[:, :layout.k]].tolist())
         return {"table": table, "stripes": stripes, "k": layout.k, "nodes": nodes, "virtual": virtual,
-                "chosen": chosen, "read": chosen & ~virtual, "senders": {}, "holders": {},
+                "chosen": chosen, "read": chosen & ~virtual, "markers": markers, "mark": set(markers),
+                "senders": {}, "holders": {},
                 "versions": np.full(nodes.shape, -1, dtype=np.int64),
                 "blocks": np.zeros((stripes.size, layout.width, spec.width * 4), dtype=np.uint8)}
 
     @staticmethod
-    def _inconsistent(nodes, read, senders, holders, k, versions) -> np.ndarray:
-        """Slots to read again: parity of holders that have not applied every delta the data nodes
-        read had sent them, or fewer degraded writes than another holder of the stripe read (one is on
-        its way to them), and data of nodes that sent deltas a holder applied after the data was read."""
+    def _lag(senders, holders) -> tuple[set, set]:
+        """(holders that have not applied every delta the data nodes read had sent them, data nodes that
+        sent deltas a holder applied after the data was read)."""
         lagging, ahead = set(), set()
         for q, applied in holders.items():
             for d, (source, sent, _) in senders.items():
@@ -114,6 +122,12 @@ class Repair:
                     lagging.add(q)
                 elif have > want:
                     ahead.add(d)
+        return lagging, ahead
+
+    @staticmethod
+    def _inconsistent(nodes, read, lagging, ahead, k, versions) -> np.ndarray:
+        """Slots to read again: parity of `lagging` holders, or of holders with fewer degraded writes than
+        another holder of the stripe read (one is on its way to them), and data of nodes `ahead`."""
         again = np.zeros(read.shape, dtype=bool)
         again[:, :k] = np.isin(nodes[:, :k], list(ahead))
         again[:, k:] = np.isin(nodes[:, k:], list(lagging))
@@ -140,6 +154,11 @@ class Repair:
                     requests[(node, "parity", table)] = (GetParity(table=table, node=self._node(node)).header(),
                                                          [stripes[rows]])
                     where[(node, "parity", table)] = (rows, k + cols)
+            for node in cut["mark"] - {n for n, kind, t in requests if t == table and kind == "data"}:
+                requests[(node, "data", table)] = (  # no rows: what it had sent, now
+                    Get(table=table, committed=True, records=True, node=self._node(node)).header(),
+                    [np.zeros(0, dtype=np.int64)])
+                where[(node, "data", table)] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         for (node, kind, table), (reply, arrays) in self.client._gather(requests).items():
             cut = cuts[table]
             rows, cols = where[(node, kind, table)]
