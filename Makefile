@@ -11,11 +11,13 @@ SCALE := 1.0
 TRAIN_ARGS := --scale 1.0 --iters 60 --checkpoint-every 25
 RECOVERY_ARGS := --scale 1.0 --iters 800 --shares 0.5 0.2
 WINDOW_ARGS := --rows 1000000 --scale 0.1
+CREATE_ROWS := 5000000
 else
 SCALE := 0.1
 TRAIN_ARGS := --scale 0.1
 RECOVERY_ARGS := --sizes 250000 500000 1000000 --scale 0.1 --iters 300 --shares 0.5 0.2
 WINDOW_ARGS := --rows 200000 --scale 0.01
+CREATE_ROWS := 1000000
 endif
 
 $(STAMP): setup.cfg pyproject.toml
@@ -49,6 +51,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.train_loop --workload criteo movielens --compute-ms 20 $(TRAIN_ARGS)
 	$(PY) -m bench.train_loop --workload criteo $(TRAIN_ARGS)
 	$(PY) -m bench.garbage_stream
+	$(PY) -m bench.create_table --rows $(CREATE_ROWS)
 	$(PY) -m bench.recovery $(RECOVERY_ARGS)
 	command -v redis-server >/dev/null || apt-get install -y -q redis-server || sudo apt-get install -y -q redis-server \
 		|| echo "no redis-server: the Redis baseline is skipped"
