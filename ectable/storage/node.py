@@ -495,7 +495,7 @@ class Node:
 
     def _maybe_close(self):
         dirty = sum(len(s.window) for s in self.shards.values())
-        if dirty and (dirty >= self.config.window_rows or self.clock() - self.window_opened >= self.config.window_seconds):
+        if dirty and (dirty >= self.config.window_rows or self.window_due()):
             self.close_window()
 
     def close_window(self) -> None:
