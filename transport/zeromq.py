@@ -16,6 +16,7 @@ HWM = 1000
 HANDSHAKE_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed",
                     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the security mechanisms differ",
                     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the node refused this client's key"}
+HANDSHAKE_TRIES = 3  # failed handshakes with a live node (not refused keys) that mean the keys do not fit
 
 
 def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, server: bool = False,
@@ -84,6 +85,7 @@ class ZmqChannel(Channel):
         self._ids = itertools.count(1)
         self._replies: dict[int, tuple] = {}
         self._sock = self._monitor = None
+        self._failed_handshakes = 0
 
     def _socket(self):
         if self._sock is None:
@@ -93,11 +95,16 @@ class ZmqChannel(Channel):
         return self._sock
 
     def _check_handshake(self) -> None:
-        """Raise `AuthenticationFailed` if the connection's security handshake failed (not a dead node)."""
+        """Raise `AuthenticationFailed` if the node refused this client's key, or if handshakes with it kept
+        failing while it lives (mechanisms that differ); a single failed handshake may be a node dying."""
         from zmq.utils.monitor import recv_monitor_message
         while self._monitor is not None and self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
-            if event in HANDSHAKE_FAILED:
+            if event not in HANDSHAKE_FAILED:
+                continue
+            self._failed_handshakes += 1
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (
+                    self._failed_handshakes >= HANDSHAKE_TRIES and (self._alive is None or self._alive())):
                 has = "CURVE keys the node does not accept" if self._curve else "no CURVE keys"
                 self._reset()
                 raise AuthenticationFailed(
@@ -147,6 +154,7 @@ class ZmqChannel(Channel):
             self._sock.close(0)
             self._sock = self._monitor = None
         self._replies.clear()
+        self._failed_handshakes = 0
 
     def close(self):
         self._reset()
