@@ -16,7 +16,7 @@ HWM = 1000
 HANDSHAKE_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed",
                     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the security mechanisms differ",
                     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the node refused this client's key"}
-HANDSHAKE_TRIES = 3  # failed handshakes with a live node (not refused keys) that mean the keys do not fit
+HANDSHAKE_TRIES = 3  # handshakes failed without detail, each on a fresh connection, that mean the keys do not fit
 
 
 def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, server: bool = False,
@@ -95,21 +95,23 @@ class ZmqChannel(Channel):
         return self._sock
 
     def _check_handshake(self) -> None:
-        """Raise `AuthenticationFailed` if the node refused this client's key, or if handshakes with it kept
-        failing while it lives (mechanisms that differ); a single failed handshake may be a node dying."""
+        """Raise `AuthenticationFailed` if the node refused this client's key or speaks another security
+        mechanism. A handshake that failed without detail may be a node dying: the connection is made
+        afresh (a dead node refuses it), and only HANDSHAKE_TRIES such failures in a row count."""
         from zmq.utils.monitor import recv_monitor_message
         while self._monitor is not None and self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
             if event not in HANDSHAKE_FAILED:
                 continue
-            self._failed_handshakes += 1
-            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (
-                    self._failed_handshakes >= HANDSHAKE_TRIES and (self._alive is None or self._alive())):
-                has = "CURVE keys the node does not accept" if self._curve else "no CURVE keys"
-                self._reset()
-                raise AuthenticationFailed(
-                    f"authentication with {self.endpoint} failed ({HANDSHAKE_FAILED[event]}): this client has "
-                    f"{has}; connect with the cluster file's [security] section (made by `ectable keygen`)")
+            failures = self._failed_handshakes + 1
+            self._reset()
+            if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and failures < HANDSHAKE_TRIES:
+                self._failed_handshakes = failures  # the next _socket() connects again
+                return
+            has = "CURVE keys the node does not accept" if self._curve else "no CURVE keys"
+            raise AuthenticationFailed(
+                f"authentication with {self.endpoint} failed ({HANDSHAKE_FAILED[event]}): this client has "
+                f"{has}; connect with the cluster file's [security] section (made by `ectable keygen`)")
 
     def start(self, header, arrays):
         rid = next(self._ids)
