@@ -10,8 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import clock
-from ..errors import Error, InvalidRequest, NodeDown, Replaced, StaleCut, Unavailable
+from ..errors import Error, NodeDown, Replaced, StaleCut, Unavailable
+from ..protocol import validate
 from ..protocol.messages import Delta, Get, GetParity, Holds, Missing, Restore, Status
+from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
 
 
@@ -212,15 +214,8 @@ class Repair:
         spec, layout = self.client._table(table)
         old = self.read(table, ids)
         new = old.copy()
-        if kind == "put":
-            new[:, : spec.dim] = values
-        else:
-            with np.errstate(over="ignore", invalid="ignore"):
-                spec.make_optimizer().step(new, values, spec.dim)
-        bad = ~np.isfinite(new).all(axis=1)
-        if bad.any():  # as a node refuses it
-            raise InvalidRequest(f"table {table!r}: {kind} would make rows {ids[bad][:8].tolist()} non-finite "
-                                 f"(float32 overflow); nothing of this write was applied")
+        write_rows(spec.make_optimizer(), kind, new, values, spec.dim)
+        validate.finite_result(table, kind, ids, new)  # as a node refuses it
         delta = old.view(np.uint8) ^ new.view(np.uint8)
         stripes = layout.stripe(ids)
         position = int(layout.data_node(ids[:1])[0]) if ids.size else None

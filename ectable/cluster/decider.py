@@ -37,8 +37,8 @@ from .store import ClusterStore
 
 CONTROL_TIMEOUT = 2.0  # one round of control calls to nodes
 PATIENCE = 3  # rounds a live node (its lease kept) may fail to answer a reconcile before it is failed too
-ELECTION_TTL = 2.0
-SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)  # a dead decider is replaced within this many seconds
+ELECTION_TTL = 2.0  # a dead decider is replaced within this many seconds
+SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
 
 
 class Decider:

@@ -41,7 +41,7 @@ def _checked_config(nodes, code, k, r, spares, **tuning) -> ClusterConfig:
         raise ValueError(f"nodes must be at least k + r = {k + r}, got {nodes}")
     if spares < 0:
         raise ValueError(f"spares must be >= 0, got {spares}")
-    window_seconds = tuning.get("window_seconds", 1.0)
+    window_seconds = tuning.get("window_seconds", ClusterConfig.window_seconds)
     if not (isinstance(window_seconds, (int, float)) and 0 < window_seconds < float("inf")):
         raise ValueError(f"window_seconds must be a positive number of seconds, got {window_seconds!r}")
     config = ClusterConfig(nodes, code, k, r, **tuning)

@@ -5,6 +5,21 @@ import numpy as np
 
 from ..errors import InvalidRequest
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def is_number(value) -> bool:
+    """An int or float (numpy's included), not a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+
+
+def finite_result(table: str, kind: str, ids: np.ndarray, records: np.ndarray) -> None:
+    """Refuse a write whose resulting `records` (rows `ids`) are not all finite (a float32 overflow)."""
+    bad = ~np.isfinite(records).all(axis=1)
+    if bad.any():
+        raise InvalidRequest(f"table {table!r}: {kind} would make rows {ids[bad][:8].tolist()} non-finite "
+                             f"(float32 overflow); nothing of this write was applied")
+
 
 def ids(table: str, value, num_rows: int) -> np.ndarray:
     """A 1-D int64 array of row ids in [0, num_rows)."""

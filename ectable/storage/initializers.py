@@ -10,11 +10,12 @@ import hashlib
 
 import numpy as np
 
+from ..protocol.validate import F32_MAX, is_number
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 KINDS = {"zeros": (), "uniform": ("low", "high"), "normal": ("mean", "std")}  # kind -> its arguments
-F32_MAX = float(np.finfo(np.float32).max)
 NORMAL_REACH = 8.6  # the largest |z| the normal initialiser can draw (53-bit uniforms): sqrt(-2 ln 2**-53)
 
 
@@ -53,7 +54,7 @@ def check_init(config: dict, dim: int) -> dict:
     for key in KINDS[kind]:
         if key in config:
             value = config[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            if not is_number(value):
                 raise ValueError(f"{kind} init needs a number for {key}, got {value!r}")
             if not abs(float(value)) <= F32_MAX:
                 raise ValueError(f"{kind} init needs a finite float32 {key}, got {value}")

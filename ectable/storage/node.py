@@ -209,10 +209,7 @@ class Node:
         self._need_rebuilt([(shard, ids) for shard, _, ids, _ in work])  # refuse before any change
         updates = self._updates(work)
         for (shard, _, rows), (_, kind, ids, _) in zip(updates, work):
-            bad = ~np.isfinite(rows).all(axis=1)
-            if bad.any():
-                raise InvalidRequest(f"table {shard.spec.name!r}: {kind} would make rows {ids[bad][:8].tolist()} "
-                                     f"non-finite (float32 overflow); nothing of this write was applied")
+            validate.finite_result(shard.spec.name, kind, ids, rows)
         seq = self._apply_write(updates, cid, cseq)
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
         return {"seq": seq}, []

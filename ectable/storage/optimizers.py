@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-F32_MAX = float(np.finfo(np.float32).max)
+from ..protocol.validate import F32_MAX, is_number
 
 
 class Optimizer(ABC):
@@ -20,7 +20,7 @@ class Optimizer(ABC):
 
     def __init__(self, lr: float = 0.01, eps: float = 1e-8):
         for key, value in (("lr", lr), ("eps", eps)):
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            if not is_number(value):
                 raise ValueError(f"optimizer {self.name!r} needs a number for {key}, got {value!r}")
         lr, eps = float(lr), float(eps)
         if not (0 < lr <= F32_MAX and 0 <= eps <= F32_MAX):
@@ -85,6 +85,16 @@ class RowwiseAdagrad(Optimizer):
 
 
 registry: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adagrad, RowwiseAdagrad)}
+
+
+def write_rows(optimizer: Optimizer, kind: str, records: np.ndarray, values: np.ndarray, dim: int) -> None:
+    """`records` after a "put" of weights `values` or an "apply_gradient" step with gradients `values`, in
+    place; an overflow is left for the caller to refuse (`validate.finite_result`)."""
+    if kind == "put":
+        records[:, :dim] = values
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            optimizer.step(records, values, dim)
 
 
 def get_optimizer(config: dict) -> Optimizer:

@@ -6,6 +6,7 @@ import numpy as np
 from ..codes import Code, gf256
 from ..errors import Error, InvalidRequest
 from .initializers import init_rows
+from .optimizers import write_rows
 from ..layout import Layout
 from .table import TableSpec
 from .window import Window
@@ -146,11 +147,7 @@ class Shard:
         local = self.local(ids)
         self._compute(local)
         rows = self.records[local]
-        if kind == "put":
-            rows[:, : self.dim] = values
-        else:
-            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused by the caller
-                self.optimizer.step(rows, values, self.dim)
+        write_rows(self.optimizer, kind, rows, values, self.dim)  # an overflow is refused by the caller
         return local, rows
 
     def commit(self, local, rows) -> None:
