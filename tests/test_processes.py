@@ -392,3 +392,44 @@ def test_a_node_without_keys_refuses_to_listen_beyond_loopback(bind):
                          timeout=60)
     assert out.returncode != 0 and "without CURVE keys" in out.stderr and bind in out.stderr
     assert "READY" not in out.stdout
+
+
+def test_many_failovers_do_not_exhaust_sockets():
+    """Each ZeroMQ channel holds sockets, and a process has a bounded number (1023 per context: one
+    rs kill loop ran out after 340 kills, and its decider could then no longer reach a new spare).
+    Channels to nodes gone from the map are closed: a decider whose context allows 8 channels keeps
+    putting spares in place through 10 failovers, and the client keeps channels only to the map's nodes."""
+    from ectable.cluster.decider import Decider
+    from ectable.process.control import ZmqControl
+    import threading
+
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, 24)  # a channel holds 3 sockets (its own, and its monitor's pair)
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, deciders=1) as cluster:
+        cluster.kill_decider(0)  # this one takes over once its election lease ran out
+        decider = Decider(cluster.store, ZmqControl(context), "decider/test", cluster._token)
+        stop = threading.Event()
+
+        def decide():
+            while not stop.is_set():
+                if not decider.step():
+                    stop.wait(0.05)
+        thread = threading.Thread(target=decide, daemon=True)
+        thread.start()
+        try:
+            client = cluster.connect()
+            client.create_table("t", num_rows=2000, dim=4, seed=1)
+            ids = np.arange(2000)
+            before = client.get("t", ids)
+            for n in range(10):
+                cluster.kill(n % 5)
+                cluster.add_spare()
+                client.wait_recovered(timeout=60)
+                np.testing.assert_array_equal(client.get("t", ids), before)
+                assert set(cluster._channels) <= set(cluster.endpoints)
+                assert len(decider.control.channels) <= 6
+        finally:
+            stop.set()
+            thread.join(10)
+            decider.control.close()
+            context.term()

@@ -131,6 +131,8 @@ class StoredMap:
         if m is None:
             raise Unavailable(f"no cluster map under {self.store.prefix!r} in the membership store")
         self._map, self._spares, self._checked = m, spares, clock.monotonic()
+        for endpoint in self._channels.keys() - set(m.endpoints):  # a node replaced: its sockets are freed
+            self._channels.pop(endpoint).close()
 
     def claim_table(self, config: dict) -> dict:
         try:

@@ -20,6 +20,12 @@ class Control:
     def open(self, endpoint: str, timeout: float) -> Channel:
         raise NotImplementedError
 
+    def keep(self, endpoints) -> None:
+        """Close the channels to every endpoint but `endpoints` (nodes gone from the map and presence): each
+        open channel holds sockets, of which a process has a bounded number."""
+        for endpoint in self.channels.keys() - set(endpoints):
+            self.channels.pop(endpoint).close()
+
     def call_all(self, requests: dict, timeout: float) -> dict:
         pending, out = {}, {}
         for endpoint, (header, arrays) in requests.items():

@@ -226,6 +226,9 @@ class _HostControl:
     def __init__(self, hosts: dict):
         self.hosts = hosts
 
+    def keep(self, endpoints) -> None:
+        """No channels to close."""
+
     def call_all(self, requests: dict, timeout: float) -> dict:
         out = {}
         for endpoint, (header, arrays) in requests.items():

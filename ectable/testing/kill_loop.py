@@ -54,6 +54,13 @@ def _lost(client, reference) -> int:
     return lost
 
 
+def _state(cluster) -> str:
+    """The stored map and every node's presence, for a failed round's log."""
+    m, presence = cluster.store.read_map(), cluster.store.presence()
+    return (f"map epoch {m.epoch}: states {list(m.states)}, endpoints {list(m.endpoints)}, sources {list(m.sources)}, "
+            f"fenced {list(m.fenced)}, failing {list(m.failing)}; presence {presence}")
+
+
 def run(rounds: int, code: str = "xor", seed: int = 0, log=print) -> dict:
     """Run the loop; returns {"rounds", "kills", "lost"} (lost: rows that differed, summed over checks)."""
     k, r = (4, 1) if code == "xor" else (3, 2)
@@ -90,7 +97,11 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print) -> dict:
                     client.step()
             bad = _lost(client, reference)
             t0 = time.perf_counter()
-            client.wait_recovered(timeout=120)
+            try:
+                client.wait_recovered(timeout=120)
+            except Exception:
+                log(f"round {n}: not recovered; {_state(cluster)}")
+                raise
             rebuilt = time.perf_counter() - t0
             after = _lost(client, reference)
             client.flush()
