@@ -171,6 +171,8 @@ WIRE = [
     ({"op": "fault", "name": "die_after_write", "token": "guess"}, [], "fault"),
     ({"op": "sync", "close": "yes"}, [], "'close'"),
     ({"op": "applied", "source": 5}, [], "'source'"),
+    ({"op": "rollback", "source": "x", "window": "one", "clients": {}}, [], "'window'"),
+    ({"op": "rollback", "source": "node/9/x", "window": 1, "clients": {}}, [], "'node/9/x'"),
 ]
 
 

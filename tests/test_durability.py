@@ -213,3 +213,57 @@ def test_a_delta_carries_only_the_marks_of_its_windows_clients():
     for target in range(1, 5):
         marks = nodes[target].handle(Applied(source="node/0").header(), [])[0]["clients"]
         assert marks == {f"client-{n}": 1 for n in range(40)}
+
+
+def test_a_holder_rolls_a_dead_nodes_windows_back_to_the_level_every_holder_has():
+    """rs(3,2): node 0's third window reaches every target but node 1. Rolled back to window 2, every
+    holder's parity and marks are what they would be had that window reached nobody; a holder cannot go
+    below what it keeps, and a fenced sender's late delta is refused."""
+    from ectable.config import ClusterConfig
+    from ectable.protocol.messages import Applied, Rollback, Write
+    from ectable.storage.node import Node
+    from ectable.storage.table import TableSpec
+
+    config = ClusterConfig(5, "rs", 3, 2)
+    spec = TableSpec.from_config({"name": "t", "num_rows": 600, "dim": 4, "seed": 1,
+                                  "optimizer": {"name": "sgd", "lr": 0.1}, "init": {"kind": "normal"}})
+    layout = config.layout(spec)
+    ids = np.flatnonzero(layout.data_node(np.arange(600)) == 0)
+
+    def run(deliver_last_to):
+        nodes = [Node(p, config) for p in range(5)]
+        for node in nodes:
+            node.handle({"op": "create_table", "spec": spec.get_config()}, [])
+            node.source = f"node/{node.position}"
+        rng = np.random.default_rng(3)
+        for window in range(3):
+            header = Write(parts=[["t", "apply_gradient"]], cid="c", cseq=window + 1).header()
+            grads = rng.standard_normal((ids.size, 4)).astype(np.float32)
+            assert "seq" in nodes[0].handle(header, [ids, grads])[0]
+            nodes[0].close_window()
+            for target, delta, arrays in nodes[0].take_outbox():
+                if window < 2 or target in deliver_last_to:
+                    assert nodes[target].handle(delta, arrays)[0]["ack"] == delta["seq"]
+                    nodes[0].acked(target, delta["seq"])
+        for node in nodes[1:]:
+            node.apply_queued()
+        return nodes
+
+    nodes, expected = run(deliver_last_to={2, 3, 4}), run(deliver_last_to=set())
+    replies = [nodes[q].handle(Applied(source="node/0", fence=True).header(), [])[0] for q in range(1, 5)]
+    assert [r["window"] for r in replies] == [2, 3, 3, 3]
+    assert [r["kept"] for r in replies] == [1, 2, 2, 2]  # window 2 was acknowledged by all before window 3 closed
+    before = nodes[2].shards["t"].parity.copy()
+    assert "error" in nodes[2].handle(Rollback(source="node/0", window=1, clients={}).header(), [])[0]
+    np.testing.assert_array_equal(nodes[2].shards["t"].parity, before)
+    for q in (2, 3, 4):
+        reply = nodes[q].handle(Rollback(source="node/0", window=2, clients=replies[0]["clients"]).header(), [])[0]
+        assert "error" not in reply
+    for q in range(1, 5):
+        np.testing.assert_array_equal(nodes[q].shards["t"].parity, expected[q].shards["t"].parity)
+        assert nodes[q].handle(Applied(source="node/0").header(), [])[0]["clients"] == {"c": 2}
+    late = nodes[0].handle(Write(parts=[["t", "put"]], cid="c", cseq=9).header(), [ids[:1], np.ones((1, 4), np.float32)])
+    assert "seq" in late[0]
+    nodes[0].close_window()
+    target, delta, arrays = nodes[0].take_outbox()[0]
+    assert nodes[target].handle(delta, arrays)[0]["error"] == "fenced"

@@ -29,7 +29,7 @@ import numpy as np
 from ..config import ClusterConfig
 from ..errors import Error
 from ..membership import LeaseNotFound
-from ..protocol.messages import Applied, CreateTable, Holds, Invalidate, MapUpdate, Tables
+from ..protocol.messages import Applied, CreateTable, Holds, Invalidate, MapUpdate, Rollback, Tables
 from ..storage.table import TableSpec
 from . import plans
 from .map import Map
@@ -77,6 +77,7 @@ class Decider:
         if m is None:
             return False
         presence = self.store.presence()
+        self.control.keep(set(m.endpoints) | presence.keys())
         dead = plans.silent(m, presence)
         if dead:
             self.log(f"epoch {m.epoch}: positions {dead} lost their node (presence gone or replaced): declared dead")
@@ -132,16 +133,28 @@ class Decider:
 
     def _reconcile(self, m: Map, p: int, source: str) -> bool:
         survivors = m.live()
-        ok, failed = self._ask({m.endpoints[q]: (Applied(source=source).header(), []) for q in survivors})
+        ok, failed = self._ask({m.endpoints[q]: (Applied(source=source, fence=True).header(), []) for q in survivors})
         if failed:
             return self._unanswered(m, failed)
-        marks = {q: ok[m.endpoints[q]][0]["clients"] for q in survivors}
-        score = np.full(m.nodes, -1, dtype=np.int64)  # how much of p's writes each survivor's parity holds
-        for q in survivors:
-            score[q] = sum(marks[q].values())
+        replies = {q: ok[m.endpoints[q]][0] for q in survivors}
+        marks = {q: reply["clients"] for q, reply in replies.items()}
         tables = self._tables(m)
         if tables is None:
             return False  # nobody to ask for the tables now: try again at the next step
+        floor = plans.rollback_level({q: reply.get("window") for q, reply in replies.items()},
+                                     {q: reply.get("kept") for q, reply in replies.items()})
+        score = None  # with a floor, no parity row is forgotten
+        if floor is not None:  # every survivor goes back to the lowest window any holds
+            base = next(marks[q] for q in survivors if replies[q]["window"] == floor)
+            ok, failed = self._ask({m.endpoints[q]: (Rollback(source=source, window=floor, clients=base).header(), [])
+                                    for q in survivors if replies[q]["window"] > floor})
+            if failed:
+                return self._unanswered(m, failed)
+            marks = dict.fromkeys(survivors, base)
+        else:  # some survivor cannot go back that far: each stripe's holders behind its most advanced forget
+            score = np.full(m.nodes, -1, dtype=np.int64)  # how much of p's writes each survivor's parity holds
+            for q in survivors:
+                score[q] = sum(marks[q].values())
         config = ClusterConfig(**m.config)
         new, lacking = m, []
         for spec in tables:
@@ -149,7 +162,8 @@ class Decider:
             if failed:
                 return self._unanswered(m, failed)
             lacking += [[q, spec["name"], stripes.tolist()] for q, stripes in lack.items() if stripes.size]
-        self.log(f"epoch {m.epoch}: position {p} reconciled" + (f"; rebuilding parity on {[q for q in range(m.nodes) if new.generations[q] != m.generations[q]]}" if new != m else ""))
+        self.log(f"epoch {m.epoch}: position {p} reconciled" + (f" at window {floor}" if floor is not None else "")
+                 + (f"; rebuilding parity on {[q for q in range(m.nodes) if new.generations[q] != m.generations[q]]}" if new != m else ""))
         if sum(len(stripes) for _, _, stripes in lacking) > SETTLED_MAX_ROWS:
             lacking = None  # too large for the map: clients that take p's log late ask the survivors
         return self._swap(m, new.settle(p, source, marks, lacking)) is not None
@@ -169,8 +183,9 @@ class Decider:
         return self._swap(m, plans.declare_dead(m, dead)) is not None
 
     def _forget_stale(self, m: Map, layout, table: str, p: int, score) -> tuple[Map, list, dict]:
-        """Invalidate, on every holder behind, the parity rows of `table`'s stripes that p held data in;
-        also {holder: stripes whose parity row it lacks now} (rebuilding, or just invalidated)."""
+        """Invalidate, on every holder behind (by `score`; None: none is), the parity rows of `table`'s stripes
+        that p held data in; also {holder: stripes whose parity row it lacks now} (rebuilding, or just
+        invalidated)."""
         stripes, holders = plans.reconcile_stripes(layout, p)
         rebuilding = [int(q) for q in np.unique(holders) if m.states[q] == "rebuilding"]
         rows = {q: (holders == q).any(axis=1) for q in rebuilding}
@@ -178,7 +193,7 @@ class Decider:
         has = {q: ok[m.endpoints[q]][1][0].astype(bool) if m.endpoints[q] in ok else np.zeros(rows[q].sum(), bool)
                for q in rebuilding}
         lacking = {q: stripes[rows[q]][~has[q]] for q in rebuilding}
-        stale = plans.stale_parity(stripes, holders, score, has)
+        stale = plans.stale_parity(stripes, holders, score, has) if score is not None else {}
         ok, failed = self._ask({m.endpoints[q]: (Invalidate(table=table).header(), [s]) for q, s in stale.items()})
         for q, s in stale.items():
             lacking[q] = np.union1d(lacking.get(q, s[:0]), s)

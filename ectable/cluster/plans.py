@@ -79,6 +79,19 @@ def reconcile_stripes(layout: Layout, p: int) -> tuple[np.ndarray, np.ndarray]:
     return stripes, holders
 
 
+def rollback_level(windows: dict, kept: dict) -> int | None:
+    """The window of a dead node's deltas every survivor can go back to: the lowest any holds, if each
+    one above it still keeps its deltas since (`windows`, `kept`: {survivor: window, or None if it took
+    none of the dead node's deltas}). None when some survivor's level is not known, or it cannot go back
+    that far."""
+    if not windows or any(w is None for w in windows.values()):
+        return None
+    floor = min(windows.values())
+    if any(kept[q] is None or kept[q] > floor for q, w in windows.items() if w > floor):
+        return None
+    return floor
+
+
 def stale_parity(stripes: np.ndarray, holders: np.ndarray, score: np.ndarray, has: dict) -> dict:
     """A dead node's last windows may have reached some parity holders of a stripe and not others.
     Per stripe, every holder behind the stripe's most advanced holder forgets its parity row (it is

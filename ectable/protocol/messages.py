@@ -184,12 +184,15 @@ class Status(Request):
 @request("delta")
 class Delta(Request):
     """Parity deltas of `source`'s window number `seq` (arrays: ids, delta bytes per table);
-    `clients`: each client's last write in it. A degraded write (a client's, through the parity) names
-    the `position` of its rows and the identity it saw `dead` there."""
+    `clients`: each client's last write in it. A node's window also carries its number `window` (the
+    same for every target) and `durable`, the last window every target acknowledged. A degraded write
+    (a client's, through the parity) names the `position` of its rows and the identity it saw `dead` there."""
     source: str
     seq: int
     tables: list
     clients: dict | None = None
+    window: int | None = None
+    durable: int | None = None
     position: int | None = None
     dead: str | None = None
     node: str | None = None
@@ -197,8 +200,20 @@ class Delta(Request):
 
 @request("applied")
 class Applied(Request):
-    """Per client, the last write whose delta from `source` this node holds."""
+    """Per client, the last write whose delta from `source` this node holds; the window of its last
+    delta, and the lowest window it can roll back to. `fence`: refuse `source`'s deltas from now on."""
     source: str | None = None
+    fence: bool = False
+    node: str | None = None
+
+
+@request("rollback")
+class Rollback(Request):
+    """Take the deltas of dead node `source`'s windows after `window` back out of parity; the node then
+    holds `clients` (each client's last write in `window`) as that source's marks."""
+    source: str
+    window: int
+    clients: dict
     node: str | None = None
 
 

@@ -18,6 +18,7 @@ from ..config import ClusterConfig
 from ..errors import InvalidRequest
 from ..protocol import messages, validate
 from ..protocol.messages import ErrorCode
+from .retained import Retained
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
@@ -64,6 +65,7 @@ class Node:
         self.windows: dict[int, list] = {}  # window number -> [last write seq, outstanding messages], oldest first
         self.closed_windows = 0
         self.closed_upto = 0  # write seq at the last close
+        self.durable_window = 0  # the last window every target acknowledged
         self.durable_seq = 0
         self.applied: dict[str, int] = {}  # source -> seq of its last delta applied (they apply in order)
         self.fenced: set[str] = set()  # sources of nodes declared dead: their late deltas are refused
@@ -77,6 +79,7 @@ class Node:
         self.client_writes: dict[str, tuple[int, int]] = {}  # client id -> (its last write, our seq for it)
         self.window_clients: dict[str, int] = {}  # client id -> its last write in the open window
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
+        self.retained = Retained()  # other nodes' recent windows, to roll back to if their sender dies
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
         self.queued_rows = 0
         self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
@@ -352,6 +355,8 @@ class Node:
         if self.queued_rows > MAX_QUEUED_ROWS:
             self.apply_queued()
         self.applied[source] = seq
+        if msg.window is not None:
+            self.retained.add(source, msg.window, msg.durable, [(w[0].spec.name, *w[1:4]) for w in work], self.clock())
         clients = msg.clients
         if isinstance(clients, dict):  # the marks of the clients that wrote in that window: the others stand
             marks = self.applied_clients.setdefault(source, {})
@@ -371,8 +376,25 @@ class Node:
                 self.skipped_from[source] = log.popleft()[0] + 1
 
     def op_applied(self, msg, arrays):
-        """Per client, the last write whose delta from `source` this node holds."""
-        return {"clients": self.applied_clients.get(msg.source, {})}, []
+        """Per client, the last write whose delta from `source` this node holds; the window of that delta
+        and the lowest window this node can roll back to (None: it took no window of `source`)."""
+        if msg.fence and msg.source is not None:
+            self.fenced.add(msg.source)  # asked by a reconcile: the answer must stay true
+        return {"clients": self.applied_clients.get(msg.source, {}), "window": self.retained.level.get(msg.source),
+                "kept": self.retained.kept(msg.source)}, []
+
+    def op_rollback(self, msg, arrays):
+        """Take dead node `source`'s windows after `window` back out of parity (see `retained`)."""
+        source, window = msg.source, msg.window
+        level, kept = self.retained.level.get(source), self.retained.kept(source)
+        if level is None or level < window or kept > window:
+            raise InvalidRequest(f"cannot roll {source!r}'s deltas back to window {window}: "
+                                 f"at window {level}, kept back to {kept}")
+        self.fenced.add(source)  # none of its deltas may land after this
+        for name, ids, delta, slots in self.retained.take_after(source, window):
+            self.shards[name].apply_delta(ids, delta, slots)  # rows not rebuilt yet are rebuilt from data
+        self.applied_clients[source] = {c: v for c, v in msg.clients.items() if isinstance(c, str) and isinstance(v, int)}
+        return {}, []
 
     def _replaced(self, msg) -> bool:
         """Does a degraded write (`position`, `dead`) come too late: a live replacement stands there?"""
@@ -531,7 +553,8 @@ class Node:
             self._next_seq[target] = seq
             # the marks of the clients that wrote in this window (a target's first delta: of every client)
             clients = dict(self.client_marks) if seq == 1 else window_clients
-            header = messages.Delta(source=self.source, seq=seq, tables=names, clients=clients).header()
+            header = messages.Delta(source=self.source, seq=seq, tables=names, clients=clients, window=window,
+                                    durable=self.durable_window).header()
             self.outbox.append((target, header, arrays))
             self.unacked[(target, seq)] = window
         self._advance()
@@ -552,7 +575,7 @@ class Node:
         for window, (last, outstanding) in list(self.windows.items()):
             if outstanding:
                 break
-            self.durable_seq = last
+            self.durable_seq, self.durable_window = last, window
             del self.windows[window]
 
     def _settle(self):

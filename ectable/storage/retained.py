@@ -1,0 +1,53 @@
+"""The raw parity deltas a holder received from each node, kept until every holder has them.
+
+A node sends each closed window to every other node, as one delta per target. If it dies, its last
+windows may have reached some holders and not others. The decider then rolls every survivor back to
+the lowest window any of them holds (`Node.op_rollback`), so that the parity holders of each stripe
+agree again, and nobody has to forget parity rows. Rolling back needs the raw deltas of the windows
+above that level. A holder keeps them until the sender says every target acknowledged them
+(`durable` in its deltas), for at most RETAINED_SECONDS, and for at most RETAINED_WINDOWS windows
+per sender. A holder that no longer keeps a window cannot roll back below it, and the decider then
+invalidates parity rows instead, as it did before.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+RETAINED_WINDOWS = 64  # windows kept per sender
+RETAINED_SECONDS = 120.0  # a dead sender's windows are kept this long for its reconcile
+
+
+class Retained:
+    """Per sender: the window of its last delta held here, and the raw deltas of its recent windows."""
+
+    def __init__(self):
+        self.level: dict[str, int] = {}  # source -> the window of its last delta taken here
+        self.windows: dict[str, deque] = {}  # source -> (window, arrival, [(table, ids, delta, slots)]), oldest first
+
+    def add(self, source: str, window: int, durable: int | None, parts: list, now: float) -> None:
+        """Keep window `window` of `source` (its deltas arrive in order); forget what every holder has."""
+        log = self.windows.setdefault(source, deque())
+        if self.level.get(source, window - 1) != window - 1:
+            log.clear()  # not the next window: the older ones no longer lead up to it
+        log.append((window, now, parts))
+        self.level[source] = window
+        while log and (isinstance(durable, int) and log[0][0] <= durable or len(log) > RETAINED_WINDOWS):
+            log.popleft()
+        for kept in self.windows.values():
+            while kept and now - kept[0][1] > RETAINED_SECONDS:
+                kept.popleft()
+
+    def kept(self, source: str) -> int | None:
+        """The lowest window this holder can roll `source`'s deltas back to (None: it took none)."""
+        log = self.windows.get(source)
+        return log[0][0] - 1 if log else self.level.get(source)
+
+    def take_after(self, source: str, window: int) -> list:
+        """Remove and return the (table, ids, delta, delta slots) parts of `source`'s windows after `window`; its level
+        becomes `window`. The caller checked `kept(source) <= window`."""
+        log = self.windows.get(source, deque())
+        parts = []
+        while log and log[-1][0] > window:
+            parts += log.pop()[2]
+        self.level[source] = window
+        return parts
