@@ -32,15 +32,6 @@ STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("rs", 4, 2, 6), ("none", 4, 0, 9
 CURVE_STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("none", 4, 0, 6, "curve"), ("xor", 4, 1, 6, "curve")]
 
 
-def curve_keys() -> dict:
-    """A [security] section as `ectable keygen` writes it."""
-    import zmq
-    (server_public, server_secret), (client_public, client_secret) = zmq.curve_keypair(), zmq.curve_keypair()
-    return {"server_public": server_public.decode(), "server_secret": server_secret.decode(),
-            "client_public": client_public.decode(), "client_secret": client_secret.decode(),
-            "allowed": [client_public.decode()]}
-
-
 def rowwise_adagrad(rec: np.ndarray, summed: np.ndarray, lr=np.float32(0.01), eps=np.float32(1e-8)) -> None:
     """One row-wise Adagrad step (FBGEMM semantics) on records [n, DIM + 1], in place."""
     rec[:, DIM:] += np.mean(summed * summed, axis=1, keepdims=True)
@@ -87,9 +78,10 @@ def create_tables(client, work: Workload, init: str = "zeros") -> None:
 
 
 def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processes: bool, compute: float = 0.0,
-                 curve: dict | None = None) -> float:
-    """Seconds for the timed iterations on a cluster: get_many, model step, apply_gradient_many, step."""
-    keys = {"curve": curve} if curve else {}
+                 curve: bool = False) -> float:
+    """Seconds for the timed iterations on a cluster: get_many, model step, apply_gradient_many, step (with
+    `curve`, every process has its own CURVE key pair, and nodes check each request's role)."""
+    keys = {"keys": True} if curve else {}
     with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes, **keys) as cluster:
         client = cluster.connect()
         create_tables(client, work)
@@ -114,14 +106,13 @@ def run(work: Workload, repeat: int, compute: float, checkpoint_every: int, proc
     """{store: median seconds}, every store run `repeat` times, interleaved."""
     ckpt = f"numpy + checkpoint every {checkpoint_every} it."
     runs: dict[str, list] = {}
-    keys = curve_keys() if any(len(s) > 4 for s in stores) else None
     for _ in range(repeat):  # interleaved, so a noisy neighbour hurts every store alike
         runs.setdefault("numpy", []).append(numpy_loop(work, compute))
         if stores is STORES:
             runs.setdefault(ckpt, []).append(numpy_loop(work, compute, checkpoint_every))
         for code, k, r, nodes, *curve in stores:
             runs.setdefault(store_name(code, k, r, nodes, *curve), []).append(
-                cluster_loop(work, code, k, r, nodes, processes, compute, keys if curve else None))
+                cluster_loop(work, code, k, r, nodes, processes, compute, bool(curve)))
     return {"median": {name: float(np.median(t)) for name, t in runs.items()}, "seconds": runs}
 
 

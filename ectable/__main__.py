@@ -12,8 +12,12 @@ from . import config as cluster_config
 
 def cmd_node(args) -> None:
     from .process.node_server import run
+    from .security import checked
     data = cluster_config.load(args.config) if args.config else {}
-    curve = data.get("security")
+    try:
+        curve = checked(data.get("security"))
+    except ValueError as exc:
+        sys.exit(f"ectable node: {exc}")
     map_header, bind = None, args.bind
     if args.id is not None:
         if "nodes" not in data:
@@ -26,9 +30,14 @@ def cmd_node(args) -> None:
 
 def cmd_decider(args) -> None:
     from .process.decider_process import run
+    from .security import checked
     data = cluster_config.load(args.config)
     if "membership" not in data:
         sys.exit("ectable decider needs --config with a [membership] section (etcd endpoints, prefix)")
+    try:
+        checked(data.get("security"))
+    except ValueError as exc:
+        sys.exit(f"ectable decider: {exc}")
     run(data, _token(data), args.parent)
 
 
@@ -39,8 +48,7 @@ def _token(data: dict) -> str | None:
 
 def cmd_up(args) -> None:
     from .process.local import ProcessCluster
-    curve = cluster_config.load(args.keys)["security"] if args.keys else None
-    cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, curve=curve)
+    cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, keys=args.keys)
     fd = os.open(args.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(cluster_config.dumps(cluster.describe()))
@@ -108,16 +116,15 @@ def progress_bar(progress: dict, width: int = 30) -> str:
 
 
 def cmd_keygen(args) -> None:
-    import zmq
-    server_public, server_secret = zmq.curve_keypair()
-    client_public, client_secret = zmq.curve_keypair()
-    data = {"security": {"server_public": server_public.decode(), "server_secret": server_secret.decode(),
-                         "client_public": client_public.decode(), "client_secret": client_secret.decode(),
-                         "allowed": [client_public.decode()]}}
-    fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(cluster_config.dumps(data))
-    print(f"wrote CURVE keys to {args.out} (keep it secret); pass it to `ectable up --keys`")
+    from .security import keygen
+    os.makedirs(args.out, mode=0o700, exist_ok=True)
+    made = keygen(args.nodes, args.deciders, args.clients)
+    for name, section in made.items():
+        fd = os.open(os.path.join(args.out, f"{name}.toml"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(cluster_config.dumps({"security": section}))
+    print(f"wrote CURVE keys for {args.nodes} nodes, {args.deciders} deciders and {args.clients} clients to "
+          f"{args.out}/ (one file per process, keep them secret); `ectable up --keys {args.out}` uses them")
 
 
 def main(argv=None) -> None:
@@ -140,14 +147,17 @@ def main(argv=None) -> None:
     p.add_argument("-r", type=int, default=None)
     p.add_argument("--spares", type=int, default=1)
     p.add_argument("--config", default="cluster.toml", help="where to write the cluster TOML")
-    p.add_argument("--keys", help="CURVE keys from `ectable keygen`")
+    p.add_argument("--keys", help="a directory of CURVE keys from `ectable keygen`")
     p.set_defaults(fn=cmd_up)
     p = sub.add_parser("status", help="print the nodes of a cluster")
     p.add_argument("--config", default="cluster.toml")
     p.add_argument("--watch", type=float, nargs="?", const=1.0, default=0.0, help="repeat every N seconds")
     p.set_defaults(fn=cmd_status)
-    p = sub.add_parser("keygen", help="make CURVE keys for a cluster")
-    p.add_argument("--out", default="keys.toml")
+    p = sub.add_parser("keygen", help="make CURVE keys for a cluster: one pair per node, decider and client")
+    p.add_argument("--out", default="keys", help="directory to write node-N.toml, decider-N.toml, client-N.toml to")
+    p.add_argument("--nodes", type=int, default=16, help="node keys, spares to come included")
+    p.add_argument("--deciders", type=int, default=2)
+    p.add_argument("--clients", type=int, default=4)
     p.set_defaults(fn=cmd_keygen)
     args = parser.parse_args(argv)
     args.fn(args)

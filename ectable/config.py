@@ -2,7 +2,8 @@
 
     [cluster]   nodes, code, k, r, window_rows, window_seconds
     [nodes]     endpoints = ["tcp://127.0.0.1:PORT", ...]  (one per active position), spares = [...]
-    [security]  server_public, server_secret, client_public, client_secret, allowed  (CURVE, optional)
+    [security]  server_public, (nodes:) server_secret, public, secret, nodes, deciders, clients
+                (CURVE keys by role, optional: see `ectable.security`)
 """
 from __future__ import annotations
 

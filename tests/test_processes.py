@@ -240,10 +240,12 @@ def test_nodes_die_with_the_process_that_started_them():
 
 
 def test_curve_refuses_unauthenticated_clients(tmp_path):
-    keys = tmp_path / "keys.toml"
-    subprocess.run([sys.executable, "-m", "ectable", "keygen", "--out", str(keys)], check=True)
-    curve = ectable.config.load(str(keys))["security"]
-    with ectable.LocalCluster(nodes=3, code="xor", k=2, r=1, curve=curve) as c:
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "ectable", "keygen", "--out", str(keys), "--nodes", "6"], check=True)
+    assert sorted(os.listdir(keys))[:3] == ["client-0.toml", "client-1.toml", "client-2.toml"]
+    assert all(os.stat(keys / name).st_mode & 0o077 == 0 for name in os.listdir(keys))  # secrets: owner only
+    mine = ectable.config.load(str(keys / "client-1.toml"))["security"]
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, r=1, keys=str(keys)) as c:
         client = c.connect()
         client.create_table("t", num_rows=10, dim=2, init="zeros")
         client.put("t", [1], np.ones((1, 2)))
@@ -255,7 +257,7 @@ def test_curve_refuses_unauthenticated_clients(tmp_path):
         plain.close()
         other_public, other_secret = zmq.curve_keypair()
         stranger = ZmqChannel(c.endpoints[0], zmq.Context.instance(),
-                              {**curve, "client_public": other_public.decode(), "client_secret": other_secret.decode()},
+                              {**mine, "public": other_public.decode(), "secret": other_secret.decode()},
                               connect_timeout=10.0)
         with pytest.raises(ectable.AuthenticationFailed, match="CURVE keys the node does not accept"):
             stranger.call({"op": "status"}, [], 10.0)
@@ -264,7 +266,51 @@ def test_curve_refuses_unauthenticated_clients(tmp_path):
         toml.write_text(ectable.config.dumps({k: v for k, v in c.describe().items() if k != "security"}))
         with pytest.raises(ectable.AuthenticationFailed, match="no CURVE keys"):
             ectable.connect(str(toml))
+        old = {**c.describe(), "security": {"server_public": mine["server_public"], "client_public": mine["public"],
+                                            "client_secret": mine["secret"], "allowed": [mine["public"]]}}
+        toml.write_text(ectable.config.dumps(old))  # the single shared client key of before
+        with pytest.raises(ectable.Error, match=r"lacks \['public', 'secret', 'nodes'.*ectable keygen"):
+            ectable.connect(str(toml))
         assert all(c.state(p) == "up" for p in range(3))  # a refused client fails no node over
+
+
+def test_each_key_may_send_only_what_its_role_sends(tmp_path):
+    """A client's key (or a decider's, or a node's the map does not list) cannot fold a parity delta, and only
+    a decider's may invalidate, roll back or push a map: each is refused ("forbidden") and changes nothing.
+    Nodes given their own keys still fail over onto a spare, whose key the map then lists."""
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "ectable", "keygen", "--out", str(keys), "--nodes", "8"], check=True)
+    load = lambda name: ectable.config.load(str(keys / f"{name}.toml"))["security"]
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, r=1, spares=1, keys=str(keys)) as c:
+        client = c.connect()
+        client.create_table("t", num_rows=40, dim=2, init="normal", seed=2)
+        client.put("t", np.arange(40), np.ones((40, 2)))
+        client.flush()
+        layout = client._table("t")[1]
+        ids = np.flatnonzero(layout.data_node(np.arange(40)) == 0)[:1]
+        holder = int(layout.parity_node(layout.stripe(ids), 0)[0])
+        forged = {"op": "delta", "source": c.source(0), "seq": 99, "tables": ["t"]}
+        unused = sorted(set(os.listdir(keys)) - {f"node-{i}.toml" for i in range(4)})
+        senders = {"client-1": [forged, {"op": "invalidate", "table": "t"}, {"op": "rollback", "source": c.source(0),
+                                                                              "window": 0, "clients": {}}],
+                   "decider-1": [forged], next(n[:-5] for n in unused if n.startswith("node-")): [forged]}
+        for name, headers in senders.items():
+            channel = ZmqChannel(c.endpoints[holder], zmq.Context.instance(), load(name), connect_timeout=10.0)
+            try:
+                for header in headers:
+                    arrays = [ids, np.full((1, 8), 255, np.uint8)] if header["op"] == "delta" else [layout.stripe(ids)]
+                    reply = channel.call(header, arrays if header["op"] != "rollback" else [], 10.0)[0]
+                    assert reply.get("error") == "forbidden", (name, header["op"], reply)
+            finally:
+                channel.close()
+        check_parity(c, client)
+        c.kill(1)
+        client.wait_recovered(timeout=60)
+        assert None not in c._map.keys and len(set(c._map.keys)) == 3
+        client.put("t", np.arange(40), np.full((40, 2), 2.0))
+        client.flush()
+        check_parity(c, client)
+        np.testing.assert_array_equal(client.get("t", np.arange(40)), np.full((40, 2), 2.0, np.float32))
 
 
 def test_up_and_status_from_the_shell(tmp_path):

@@ -21,7 +21,8 @@ HANDSHAKE_TRIES = 3  # handshakes failed without detail, each on a fresh connect
 
 def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, server: bool = False,
                 immediate: bool = True) -> zmq.Socket:
-    """A socket with ectable's options: LINGER 0, bounded queues, CURVE when keys are given.
+    """A socket with ectable's options: LINGER 0, bounded queues, CURVE when keys are given (a [security]
+    section: a server listens with the nodes' server pair, a client connects with its own pair).
     `immediate`: a DEALER refuses to queue for a peer it is not connected to (clients want to
     know at once; nodes sending deltas would rather queue them, in order, while connecting)."""
     sock = context.socket(kind)
@@ -39,8 +40,8 @@ def make_socket(context: zmq.Context, kind: int, curve: dict | None = None, serv
             sock.curve_publickey = curve["server_public"].encode()
         else:
             sock.curve_serverkey = curve["server_public"].encode()
-            sock.curve_secretkey = curve["client_secret"].encode()
-            sock.curve_publickey = curve["client_public"].encode()
+            sock.curve_secretkey = curve["secret"].encode()
+            sock.curve_publickey = curve["public"].encode()
     return sock
 
 
@@ -54,18 +55,19 @@ def bind_to(sock: zmq.Socket, endpoint: str) -> str:
 
 
 def start_authenticator(context: zmq.Context, curve: dict | None):
-    """With CURVE keys: a ZAP handler admitting only the listed client keys (None without keys)."""
+    """With CURVE keys: a ZAP handler admitting only the listed keys of nodes, deciders and clients, which
+    gives each message the sender's key as its "User-Id" (None without keys)."""
     if not curve:
         return None
     from zmq.auth.thread import ThreadAuthenticator
     auth = ThreadAuthenticator(context)
     auth.start()
-    auth.configure_curve_callback("*", credentials_provider=_Allowed(curve.get("allowed", [])))
+    auth.configure_curve_callback("*", credentials_provider=_Allowed([*curve["nodes"], *curve["deciders"], *curve["clients"]]))
     return auth
 
 
 class _Allowed:
-    """CURVE credentials: only the listed client public keys may connect."""
+    """CURVE credentials: only the listed public keys may connect."""
 
     def __init__(self, keys):
         self.keys = {k.encode() if isinstance(k, str) else k for k in keys}

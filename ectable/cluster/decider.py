@@ -89,13 +89,13 @@ class Decider:
             return self._swap(m, states) is not None
         unassigned = [p for p in m.live() if m.sources[p] is None]
         if unassigned:
-            return self._assign(m, unassigned)
+            return self._assign(m, unassigned, presence)
         strays = plans.strays(m, presence)
         if strays:
             return self._swap(m, m.replace(fenced=m.fenced + tuple(strays))) is not None
         spares = plans.free_spares(m, presence)
         if m.dead() and spares:
-            return self._install(m, m.dead()[0], spares)
+            return self._install(m, m.dead()[0], spares, presence)
         return False
 
     def _swap(self, old: Map, new: Map) -> Map | None:
@@ -202,18 +202,19 @@ class Decider:
                 m = m.with_position(q, state="rebuilding" if m.states[q] != "dead" else "dead", generation=generation)
         return m, failed, lacking
 
-    def _assign(self, m: Map, positions: list[int]) -> bool:
-        """Nodes named in the map but not yet holding their position take it and say who they are."""
+    def _assign(self, m: Map, positions: list[int], presence: dict) -> bool:
+        """Nodes named in the map but not yet holding their position take it and say who they are (and, with
+        CURVE keys, the key they announced goes in the map: peers take deltas only from the map's keys)."""
         ok, _ = self._ask({m.endpoints[p]: (self.map_header(m, position=p, rebuilding=m.states[p] == "rebuilding"), [])
                            for p in positions})
         new = m
         for p in positions:
             source = ok.get(m.endpoints[p], ({}, []))[0].get("source")
             if isinstance(source, str):
-                new = new.with_position(p, source=source)
+                new = new.with_position(p, source=source, key=presence.get(m.endpoints[p], {}).get("key"))
         return new != m and self._swap(m, new) is not None
 
-    def _install(self, m: Map, p: int, spares: list[str]) -> bool:
+    def _install(self, m: Map, p: int, spares: list[str], presence: dict) -> bool:
         """Put the first spare that takes it in dead position p, with every table, rebuilding."""
         tables = self._tables(m)
         if tables is None:
@@ -230,8 +231,8 @@ class Decider:
                 self._swap(m, m.replace(fenced=m.fenced + (source,)))  # it took the position, then failed
                 return True
             self.log(f"epoch {m.epoch}: spare {spare} put in position {p}")
-            return self._swap(m, m.with_position(p, endpoint=spare, source=source, state="rebuilding",
-                                                 generation=0)) is not None
+            return self._swap(m, m.with_position(p, endpoint=spare, source=source, state="rebuilding", generation=0,
+                                                 key=presence.get(spare, {}).get("key"))) is not None
         return False
 
     def _call(self, endpoint: str, header: dict) -> dict:

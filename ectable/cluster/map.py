@@ -5,7 +5,8 @@ compare-and-swap on that key's revision, which is the map's **epoch**: every cha
 raises it, so nodes and clients can tell a newer map from an older one.
 
 Per position: the node's endpoint, its identity (`source`, one per node incarnation;
-None until the node took the position), its state and its rebuild generation.
+None until the node took the position), its state, its rebuild generation and, with CURVE
+keys, the node's public key (`keys`, as it announced it; see `ectable.security`).
 
     up          holds all its rows and parity rows
     rebuilding  a spare put there, or a node told to rebuild some parity rows; serves
@@ -46,6 +47,7 @@ class Map:
     fenced: tuple = ()
     failing: tuple = ()  # ((position, source), ...)
     settled: tuple = ()  # ((source, marks per survivor, rows survivors lacked), ...): see above
+    keys: tuple = ()  # per position, the node's public key (empty: no keys)
     epoch: int = 0  # the store's revision of this map (not stored in it)
 
     @classmethod
@@ -65,12 +67,13 @@ class Map:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}, epoch=epoch)
 
     def with_position(self, p: int, **changes) -> "Map":
-        """A copy with position p's endpoint, source, state or generation changed."""
-        fields = {"endpoint": "endpoints", "source": "sources", "state": "states", "generation": "generations"}
+        """A copy with position p's endpoint, source, state, generation or key changed."""
+        fields = {"endpoint": "endpoints", "source": "sources", "state": "states", "generation": "generations",
+                  "key": "keys"}
         out = {}
         for key, value in changes.items():
             name = fields[key]
-            column = list(getattr(self, name))
+            column = list(getattr(self, name)) or [None] * self.nodes
             column[p] = value
             out[name] = tuple(column)
         return dataclasses.replace(self, **out)
@@ -115,5 +118,5 @@ class Map:
     def view(self) -> dict:
         """The map as a plain dict (what a `map` message to a node carries)."""
         return {"epoch": self.epoch, "config": self.config, "endpoints": list(self.endpoints),
-                "sources": list(self.sources), "states": list(self.states),
+                "sources": list(self.sources), "states": list(self.states), "keys": list(self.keys) or None,
                 "dead": self.dead(), "fenced": list(self.fenced)}

@@ -12,7 +12,7 @@ from collections import deque
 import zmq
 
 from .. import clock
-from .. import config as cluster_config
+from .. import config as cluster_config, security
 from ..config import ClusterConfig
 from ..errors import Error, Unavailable
 from ..membership import MembershipUnavailable
@@ -301,7 +301,10 @@ class RemoteCluster(ZmqStoredMap, ClusterMap):
         data = cluster_config.load(path)
         if "membership" not in data:
             raise Error(f"{path} names no [membership] store")
-        return cls(data["membership"], data.get("security"))
+        try:
+            return cls(data["membership"], security.checked(data.get("security")))
+        except ValueError as exc:
+            raise Error(f"{path}: {exc}") from None
 
     def close(self) -> None:
         if self.context is not None:

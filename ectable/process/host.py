@@ -9,6 +9,7 @@ nodes through it, so both follow maps with the same code.
 """
 from __future__ import annotations
 
+from .. import security
 from ..config import ENDPOINT, ClusterConfig
 from ..errors import InvalidRequest
 from ..protocol import messages
@@ -27,15 +28,20 @@ class NodeHost:
         self.sources: dict[int, str] = {}  # identity last seen at each position
         self.dead: set[int] = set()
         self.running = True
+        self.keys: dict | None = None  # the [security] section, with CURVE keys: who may send what
+        self.peer_keys: set[str] = set()  # the keys of the nodes the current map gives a live position
         self.lazy_close = False  # nodes of processes close windows when idle
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
 
-    def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
-        """Answer one request: a control op here, anything else by the node."""
+    def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:
+        """Answer one request (sent with CURVE key `key`): a control op here, anything else by the node."""
         try:
             msg = messages.parse(header)
         except InvalidRequest as exc:
             return messages.error(ErrorCode.INVALID, str(exc)), []
+        refused = security.refusal(msg, key, self.keys, self.peer_keys)
+        if refused:
+            return messages.error(ErrorCode.FORBIDDEN, refused), []
         if msg.op in messages.CONTROL:
             return self.control(msg)
         if self.node is None:
@@ -98,6 +104,8 @@ class NodeHost:
         self.endpoints = endpoints
         self.node.sources = dict(self.sources)
         self.dead = set(dead)
+        if isinstance(msg.keys, list) and len(msg.keys) == len(endpoints):
+            self.peer_keys = {k for p, k in enumerate(msg.keys) if isinstance(k, str) and p not in self.dead}
         self.node.fenced |= {f for f in msg.fenced if isinstance(f, str)}
         for target in self.dead:
             self._drop_peer(target)
@@ -129,7 +137,8 @@ class NodeHost:
         """This node's presence: who it is, and whether (and since which invalidation) it rebuilds."""
         node = self.node
         return {"endpoint": self.endpoint, "source": node and node.source, "position": node and node.position,
-                "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0}
+                "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0,
+                "key": self.keys and self.keys["public"]}
 
     def follow_map(self, latest) -> None:
         """Take a map read from the store (`cluster.map.Map`): leave if it fences this node's identity,

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 
-from .. import config as cluster_config
+from .. import config as cluster_config, security
 from ..client import Client
 from ..cluster.decider import Decider
 from ..cluster.map import Map
@@ -32,6 +32,7 @@ from ..transport import InProcessChannel, ZmqChannel
 
 DEFAULT_R = {"none": 0, "xor": 1, "rs": 2}
 START_TIMEOUT = 60.0
+SPARE_KEYS = 16  # node keys made beyond the nodes and spares started, for spares added later (keys=True)
 
 
 def _checked_config(nodes, code, k, r, spares, **tuning) -> ClusterConfig:
@@ -243,15 +244,21 @@ class _HostControl:
 
 class ProcessCluster(ZmqStoredMap, LocalCluster):
     """Node processes and failover deciders on 127.0.0.1, with a one-member etcd for their membership
-    unless `etcd` names one (`LocalCluster(..., processes=True)`); everything stopped on exit."""
+    unless `etcd` names one (`LocalCluster(..., processes=True)`); everything stopped on exit.
 
-    def __init__(self, *args, curve: dict | None = None, etcd: list[str] | None = None, deciders: int = 2, **kwargs):
+    `keys`: CURVE keys by role (`ectable.security`): a directory `ectable keygen` wrote (one file per
+    node, decider and client; each process started takes a file of its role, this object client-0's),
+    or True for keys made here (with SPARE_KEYS node keys to spare, for spares added later)."""
+
+    def __init__(self, *args, keys: str | bool | None = None, etcd: list[str] | None = None, deciders: int = 2,
+                 **kwargs):
         LocalCluster.__init__(self, *args, **kwargs)
         self._token = secrets.token_hex(16)  # only this cluster's deciders may re-map, fault or stop its nodes
         self._procs: dict[str, subprocess.Popen] = {}  # endpoint (or decider name) -> the process serving it
         self._deciders: list[str] = []
         self._etcd = None
-        self.curve = curve  # _attach sets it again, with the context, for the map's own connections
+        self._keys = _keyring(keys, self.config.nodes + self._spares + SPARE_KEYS, deciders)  # name -> [security]
+        self.curve = self._keys and self._keys.pop("client-0")  # this object's own key
         try:
             if etcd is None:
                 self._etcd = EtcdServer()
@@ -262,9 +269,8 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
             nodes = self._spawn_nodes(self.config.nodes + self._spares)  # all announce themselves as spares
             if store.swap_map(None, Map.initial(self.config.get_config(), nodes[: self.config.nodes])) is None:
                 raise Error(f"a cluster map exists under {self.membership['prefix']} already")
-            self._attach(store, curve)
-            with self._settings() as path:
-                self._deciders = self._spawn(["decider", "--config", path], deciders)
+            self._attach(store, self.curve)
+            self._deciders = self._spawn_role("decider", ["decider"], deciders)
             deadline = time.monotonic() + START_TIMEOUT
             while None in self._map.sources:
                 if time.monotonic() > deadline:
@@ -275,14 +281,23 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
             self.close()
             raise
 
-    def _settings(self):
-        """A temporary TOML with what every process of this cluster reads: the store, the keys."""
-        data = {"membership": self.membership}
-        return _secret_toml({**data, "security": self.curve} if self.curve else data)
-
     def _spawn_nodes(self, count: int) -> list[str]:
-        with self._settings() as path:
-            return self._spawn(["node", "--bind", "tcp://127.0.0.1:0", "--config", path], count)
+        return self._spawn_role("node", ["node", "--bind", "tcp://127.0.0.1:0"], count)
+
+    def _spawn_role(self, role: str, command: list[str], count: int) -> list[str]:
+        """Start `count` processes of `ectable COMMAND`, each with a TOML naming the store and, with keys, its
+        own key of `role` (used up: no two processes share one)."""
+        with contextlib.ExitStack() as files:
+            paths = []
+            for _ in range(count):
+                data = {"membership": self.membership}
+                if self._keys is not None:
+                    name = next((n for n in sorted(self._keys) if n.startswith(f"{role}-")), None)
+                    if name is None:
+                        raise Error(f"no {role} key left for another {role}: make more with `ectable keygen --{role}s`")
+                    data["security"] = self._keys.pop(name)
+                paths.append(files.enter_context(_secret_toml(data)))
+            return self._spawn([[*command, "--config", path] for path in paths])
 
     def inject(self, i: int, fault: str, value: float = 1.0) -> None:
         """Arm a fault in active node i: die_before_deltas, die_after_write (SIGKILL at that point),
@@ -310,11 +325,11 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
             self.refresh()
         self.refresh()
 
-    def _spawn(self, command: list[str], count: int) -> list[str]:
-        """Start `count` processes of `ectable COMMAND`; what each printed after READY (endpoint or name)."""
+    def _spawn(self, commands: list[list[str]]) -> list[str]:
+        """Start a process of `ectable COMMAND` per command; what each printed after READY (endpoint or name)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", ECTABLE_CONTROL_TOKEN=self._token)
-        args = [sys.executable, "-m", "ectable", *command, "--parent", str(os.getpid())]
-        started = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env, text=True) for _ in range(count)]
+        started = [subprocess.Popen([sys.executable, "-m", "ectable", *command, "--parent", str(os.getpid())],
+                                    stdout=subprocess.PIPE, env=env, text=True) for command in commands]
         deadline = time.monotonic() + START_TIMEOUT
         endpoints = []
         for n, proc in enumerate(started):
@@ -391,6 +406,21 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
     def __del__(self):
         if getattr(self, "_procs", None) or getattr(self, "_etcd", None):
             self.close()
+
+
+def _keyring(keys: str | bool | None, nodes: int, deciders: int) -> dict | None:
+    """{name: [security] section} from `ectable keygen`'s directory, or made now (True), or None."""
+    if keys is None or keys is False:
+        return None
+    if keys is True:
+        return security.keygen(nodes, deciders, 1)
+    out = {}
+    for name in sorted(os.listdir(keys)):
+        if name.endswith(".toml"):
+            out[name[:-5]] = security.checked(cluster_config.load(os.path.join(keys, name)).get("security"))
+    if "client-0" not in out:
+        raise Error(f"{keys} holds no client-0.toml: make keys with `ectable keygen --out {keys}`")
+    return out
 
 
 @contextlib.contextmanager

@@ -46,6 +46,7 @@ class NodeServer(NodeHost):
         self.auth = start_authenticator(self.context, curve)
         self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
         super().__init__(bind_to(self.router, bind), token)
+        self.keys = curve
         self.lazy_close = True
         self.membership = membership  # the [membership] section: where the cluster's store is
         self.presence: _Presence | None = None  # this node's presence in the store, once serving
@@ -158,8 +159,9 @@ class NodeServer(NodeHost):
             self._reply(identity, messages.error(ErrorCode.MALFORMED, str(exc)), [])
             return
         rid = header.get("id")
+        key = body[0].get("User-Id") if self.keys else None  # the sender's public key, as CURVE proved it
         try:
-            reply = self.handle(header, arrays)
+            reply = self.handle(header, arrays, key)
         except Exception as exc:  # a node never dies of a request
             self.malformed += 1
             reply = messages.error(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"), []

@@ -35,6 +35,7 @@ class ErrorCode(str, enum.Enum):
     FENCED = "fenced"  # deltas of a node declared dead are refused
     REPLAYING = "replaying"  # a replacement waits for writers' replays: ask again shortly
     REPLACED = "replaced"  # a degraded write for a position that has a replacement now: write to it
+    FORBIDDEN = "forbidden"  # the sender's key may not send this (see `ectable.security`)
 
 
 def error(code: ErrorCode, message: str, **extra) -> dict:
@@ -270,6 +271,7 @@ class MapUpdate(Request):
     config: dict | None = None
     sources: list | None = None
     states: list | None = None
+    keys: list | None = None
     dead: list = dataclasses.field(default_factory=list)
     fenced: list = dataclasses.field(default_factory=list)
     position: int | None = None
