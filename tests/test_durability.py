@@ -267,3 +267,35 @@ def test_a_holder_rolls_a_dead_nodes_windows_back_to_the_level_every_holder_has(
     nodes[0].close_window()
     target, delta, arrays = nodes[0].take_outbox()[0]
     assert nodes[target].handle(delta, arrays)[0]["error"] == "fenced"
+
+
+def test_a_parity_restore_read_from_a_node_unaware_of_the_restorer_is_refused():
+    """(found by simulation seed xor 819) A data node that has not learned of a spare at position 4 counts the
+    deltas it sent to the node there before; a parity row the spare rebuilt from its data at that count
+    misses the window the data node sends the spare next. The spare refuses such a restore (stale_cut)."""
+    from ectable.config import ClusterConfig
+    from ectable.protocol.messages import Get, Restore
+    from ectable.storage.node import Node
+    from ectable.storage.table import TableSpec
+
+    config = ClusterConfig(5, "xor", 4, 1)
+    spec = TableSpec.from_config({"name": "t", "num_rows": 40, "dim": 2, "seed": 0,
+                                  "optimizer": {"name": "sgd", "lr": 0.1}, "init": {"kind": "zeros"}})
+    layout = config.layout(spec)
+    stripe = np.flatnonzero(layout.parity_node(np.arange(layout.num_stripes), 0) == 4)[:1]
+    row = int(stripe[0]) * 4 + 0
+    data_node = int(layout.data_node(np.array([row]))[0])
+    reader, spare = Node(data_node, config), Node(4, config, rebuilding=True)
+    for node in (reader, spare):
+        node.handle({"op": "create_table", "spec": spec.get_config()}, [])
+    reader.sources = {4: "node/4/before"}  # the map it last took: the dead node still at 4
+    reply = reader.handle(Get(table="t", committed=True, records=True).header(), [np.array([row])])[0]
+    assert reply["peers"] == {"4": "node/4/before"}
+    restore = Restore(table="t", kind="parity", cut={reader.source: 0}, seen={reader.source: reply["peers"]["4"]},
+                      generation=spare.generation)
+    rows = np.zeros((1, spec.width * 4), np.uint8)
+    answer = spare.handle(restore.header(), [stripe, rows, np.zeros(1, np.int64)])[0]
+    assert answer.get("error") == "stale_cut" and spare.shards["t"].missing_count() > 0
+    fresh = Restore(table="t", kind="parity", cut={reader.source: 0}, seen={reader.source: spare.source},
+                    generation=spare.generation)
+    assert "error" not in spare.handle(fresh.header(), [stripe, rows, np.zeros(1, np.int64)])[0]

@@ -35,7 +35,12 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
          ("rs", 310, "a decider that read a node's presence from before it took a position put it in a second "
                      "position: the map named one identity at two positions, reads of one went to the other"),
          ("rs", 258, "a parity row rebuilt while a live node still rebuilt a data row of its stripe (decoded, not "
-                     "read) missed that node's deltas skipped meanwhile: the node was not in the restore's cut")]
+                     "read) missed that node's deltas skipped meanwhile: the node was not in the restore's cut"),
+         ("xor", 819, "a parity row rebuilt on a spare was read from a data node that had not learned of the spare "
+                      "yet: its delta count was for the dead node before, so a window it closed next never reached "
+                      "the rebuilt row (parity stale after a flush)"),
+         ("rs", 859, "a node died with its last window at some holders only; the laggards forgot their parity "
+                     "rows of its stripes, and a second loss left a stripe short of k slots (Unavailable)")]
 
 
 @pytest.mark.timeout(300)

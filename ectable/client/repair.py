@@ -118,7 +118,7 @@ class Repair:
         sent deltas a holder applied after the data was read)."""
         lagging, ahead = set(), set()
         for q, applied in holders.items():
-            for d, (source, sent, _) in senders.items():
+            for d, (source, sent, *_) in senders.items():
                 have, want = applied.get(source, 0), int(sent.get(str(q), 0))
                 if have < want:
                     lagging.add(q)
@@ -169,7 +169,8 @@ class Repair:
                 cut["versions"][rows, cols] = arrays[1]
             if kind == "data":
                 marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
-                cut["senders"][node] = (reply["source"], reply["sent"], marks)
+                peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
+                cut["senders"][node] = (reply["source"], reply["sent"], marks, peers)
             else:
                 cut["holders"][node] = reply["applied"]
 
@@ -302,10 +303,11 @@ class Repair:
             slot = layout.slot_on(position, stripes[table])
             rows = np.ascontiguousarray(blocks[np.arange(stripes[table].size), slot])
             counts = self._degraded_counts(table, layout, stripes[table], counts, position)
-            cut = {source: int(sent.get(str(position), 0)) for source, sent, _ in senders.values()}
-            marks = {source: m for source, _, m in senders.values()}  # which writes the rebuilt rows hold
+            cut = {source: int(sent.get(str(position), 0)) for source, sent, *_ in senders.values()}
+            marks = {source: m for source, _, m, _ in senders.values()}  # which writes the rebuilt rows hold
+            seen = {source: peers.get(str(position)) for source, _, _, peers in senders.values()}
             header = Restore(table=table, kind="parity", cut=cut, generation=generation, node=self._node(position),
-                             marks=marks).header()
+                             marks=marks, seen=seen).header()
             wait, deadline = 0.001, clock.monotonic() + 5.0
             while True:
                 try:

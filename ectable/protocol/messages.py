@@ -240,12 +240,15 @@ class GetParity(Request):
 @request("restore")
 class Restore(Request):
     """Rebuilt data records (`kind` "data"; arrays: ids, records) or parity rows ("parity"; arrays:
-    stripes, rows) read at `cut` (source -> delta number) and the node's `generation`."""
+    stripes, rows) read at `cut` (source -> delta number) and the node's `generation`; `seen`: which
+    identity each source then took for the restoring node's position (its delta numbers count deltas
+    sent to that one)."""
     table: str
     kind: str = "data"
     cut: dict = dataclasses.field(default_factory=dict)
     generation: int | None = None
     marks: dict | None = None
+    seen: dict | None = None
     node: str | None = None
 
 

@@ -180,7 +180,7 @@ class Node:
         rows = shard.read(ids, committed=committed, records=msg.records)
         if committed:  # with the deltas that carried them: a reader can check its cut against parity holders
             return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()},
-                    "marks": self.closed_marks}, [rows]
+                    "peers": {str(t): s for t, s in self.sources.items()}, "marks": self.closed_marks}, [rows]
         return {}, [rows]
 
     def op_get_many(self, msg, arrays):
@@ -442,6 +442,9 @@ class Node:
             return {}, []
         if msg.generation not in (None, self.generation) or any(s in self.fenced for s in cut):
             return messages.error(ErrorCode.STALE_CUT, "rows were invalidated, or a source died, since the read"), []
+        if isinstance(msg.seen, dict) and any(isinstance(s, str) and s != self.source for s in msg.seen.values()):
+            # a data node read had not learned of this node yet: its delta numbers counted deltas to the one before
+            return messages.error(ErrorCode.STALE_CUT, "a data node took another node for this position"), []
         behind = [s for s, seq in cut.items() if self.applied.get(s, 0) < seq]
         if behind:  # deltas the data already holds are still on their way here: try again shortly
             return messages.error(ErrorCode.STALE_CUT, f"deltas of {behind} still on their way", behind=True), []
