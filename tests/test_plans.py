@@ -107,3 +107,12 @@ def test_a_reconciled_nodes_marks_are_kept_in_the_map():
 def test_a_reconcile_too_large_to_record_only_leaves_failing():
     m = plans.declare_dead(cluster_map(), [2]).settle(2, "node/2/a", {0: {"c1": 4}}, None)
     assert m.failing == () and m.settled == () and m.settled_marks("node/2/a") is None
+
+
+def test_a_dead_nodes_holders_roll_back_to_the_lowest_window_any_holds():
+    assert plans.rollback_level({0: 5, 1: 4, 3: 5}, {0: 3, 1: 4, 3: 4}) == 4
+    assert plans.rollback_level({0: 5, 1: 4, 3: 5}, {0: 3, 1: 4, 3: 5}) is None  # node 3 no longer keeps window 5
+    # node 1 took none of the dead node's deltas: its parity rows were rebuilt from its data at various moments,
+    # and may be its stripes' only holder (xor): the decider falls back to forgetting only rows behind
+    assert plans.rollback_level({0: 5, 1: None, 3: 4}, {0: 4, 1: None, 3: 4}) is None
+    assert plans.rollback_level({0: 2, 1: 2}, {0: 2, 1: 2}) == 2
