@@ -115,6 +115,8 @@ PUBLIC = [
     ("apply_gradient_many", ({"items": [1]},), {}, "expected (ids, grads)"),
     ("apply_gradient_many", ({"items": ([1], np.ones((1, 8))), "users": ([400], np.ones((1, 4)))},), {}, "400"),
     ("apply_gradient_many", ([1],), {}, "list"),
+    ("drop_table", ("nope",), {}, "'nope'"),
+    ("drop_table", (["items"],), {}, "['items']"),
 ]
 
 
@@ -173,6 +175,7 @@ WIRE = [
     ({"op": "applied", "source": 5}, [], "'source'"),
     ({"op": "rollback", "source": "x", "window": "one", "clients": {}}, [], "'window'"),
     ({"op": "rollback", "source": "node/9/x", "window": 1, "clients": {}}, [], "'node/9/x'"),
+    ({"op": "drop_table", "table": 5}, [], "'table'"),
 ]
 
 
@@ -188,7 +191,7 @@ def test_a_bad_wire_request_is_refused_by_name_and_changes_nothing(world, header
 def test_the_table_covers_every_public_call_and_wire_operation():
     from ectable.protocol.messages import REQUESTS
     assert len(PUBLIC) + len(WIRE) >= 60
-    assert {c for c, *_ in PUBLIC} >= {"create_table", "get", "get_many", "put", "apply_gradient",
+    assert {c for c, *_ in PUBLIC} >= {"create_table", "drop_table", "get", "get_many", "put", "apply_gradient",
                                         "apply_gradient_many"}
     skipped = {"tables", "step", "status", "ping"}  # take no value that could be bad
     assert {h["op"] for h, _, _ in WIRE if isinstance(h["op"], str)} >= set(REQUESTS) - skipped

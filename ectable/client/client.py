@@ -29,6 +29,11 @@ class _Write:
         self.seq = None  # the node's sequence number, once it answered
         self.replayed = False  # a failover took it
 
+    def drop(self, table: str) -> bool:
+        """Forget the writes to `table` (dropped); whether any write is left."""
+        self.writes = [w for w in self.writes if w[0] != table]
+        return bool(self.writes)
+
 
 class _Moved(Exception):
     """Position `position` holds another node than when this client last looked: fail it over first."""
@@ -92,8 +97,11 @@ class Client:
         spec = TableSpec.from_config({"name": name, "num_rows": num_rows, "dim": dim, "seed": seed,
                                       "optimizer": {"name": optimizer, "lr": lr, "eps": eps},
                                       "init": {"kind": init, **init_args}})
-        existing = self._tables[name][0] if name in self._tables else TableSpec.from_config(
-            self.cluster.claim_table(spec.get_config()))  # racing creators: exactly one definition wins
+        claimed = self.cluster.claim_table(spec.get_config())  # racing creators: exactly one definition wins
+        if claimed is None:
+            raise InvalidRequest(f"table {name!r} was dropped (or is being dropped): a dropped table's name is not "
+                                 f"used again; choose another name")
+        existing = TableSpec.from_config(claimed)
         if existing != spec:
             raise InvalidRequest(f"table {name!r} exists with a different definition "
                                  f"(existing vs requested: {existing.differences(spec)})")
@@ -107,6 +115,31 @@ class Client:
             self._catch_up()
             pending = [q for q in failed if self._state(q) != "dead"]
         self._remember(spec)
+
+    @_open
+    def drop_table(self, name: str) -> None:
+        """Drop table `name` on every node, its rows with their parity. Of racing drops one does it and the
+        others raise `InvalidRequest` (no such table). The name is not used again (a create of it raises
+        `InvalidRequest`). A write racing with it lands before it on its node, or is refused naming the
+        table; its writes are never replayed, and a dead node's replacement never gets it."""
+        if not isinstance(name, str) or not self.cluster.drop_table(name):
+            raise InvalidRequest(f"no table {name!r} to drop (or another client drops it now)")
+        header = m.DropTable(table=name).header()
+        self._catch_up()
+        pending = self._positions()
+        while pending:  # a node that dies meanwhile is failed over; what stands at its position is asked too
+            failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
+            for q in failed:
+                self._lost(q)
+            self._catch_up()
+            pending = [q for q in failed if self._state(q) != "dead"]
+        self.settle(clock.monotonic() + CREATE_DEADLINE, close=True)  # no delta from before it is on its way
+        self._tables.pop(name, None)
+        for log in [*self._log, *self.cluster.replays.values()]:  # its writes are never replayed
+            kept = [entry for entry in log if entry.drop(name)]
+            log.clear()
+            log.extend(kept)
+        self.cluster.table_dropped(name)
 
     @_open
     def tables(self) -> dict:
@@ -124,13 +157,14 @@ class Client:
             raise InvalidRequest(f"unknown table {table!r}") from None
 
     def _refresh_tables(self):
-        """Learn the tables from the first up node that answers."""
+        """Learn the tables from the first up node that answers (and forget those dropped since)."""
         for p in range(self.nodes):
             if self.cluster.state(p) == "up":
                 try:
                     tables = self._call(p, m.Tables().header(), [])[0]["tables"]
                 except NodeDown:  # it died, or is cut off: another node knows the tables as well
                     continue
+                self._tables.clear()
                 for config in tables:
                     self._remember(TableSpec.from_config(config))
                 return
@@ -646,9 +680,14 @@ class Client:
             self._replay(p, now)
 
     def _take_log(self, p, source) -> None:
-        """Move the writes of p's redo log that no parity holds to the cluster's replays for p."""
+        """Move the writes of p's redo log that no parity holds to the cluster's replays for p (writes to
+        tables dropped since are never replayed)."""
         self.cluster.wait_reconciled(p)
-        log = list(self._log[p])
+        self._refresh_tables()
+        for entry in self._log[p]:
+            for table in {w[0] for w in entry.writes} - self._tables.keys():
+                entry.drop(table)
+        log = [entry for entry in self._log[p] if entry.writes]
         settled = self.cluster.settled_marks(source)
         if settled is not None:  # what the survivors held when the decider reconciled p (see Map.settled)
             marks, lacking = settled

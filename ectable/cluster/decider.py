@@ -98,13 +98,13 @@ class Decider:
             return self._install(m, m.dead()[0], spares, presence)
         return False
 
-    def _swap(self, old: Map, new: Map) -> Map | None:
+    def _swap(self, old: Map, new: Map, guard=()) -> Map | None:
         """Change the map (only while leading); push it to every live node at once. A step that waited on
         nodes may have outlived the election lease: it is kept alive (or won again, if no other decider
         took it meanwhile; the map's compare-and-swap still refuses a map another decider changed)."""
         if not self.leading():
             return None
-        written = self.store.swap_map(old, new, self.store.leader_guard(self.name))
+        written = self.store.swap_map(old, new, [*self.store.leader_guard(self.name), *guard])
         if written is not None:
             self.broadcast(written)
         return written
@@ -215,10 +215,9 @@ class Decider:
         return new != m and self._swap(m, new) is not None
 
     def _install(self, m: Map, p: int, spares: list[str], presence: dict) -> bool:
-        """Put the first spare that takes it in dead position p, with every table, rebuilding."""
-        tables = self._tables(m)
-        if tables is None:
-            return False
+        """Put the first spare that takes it in dead position p, with every table (as the store lists them: a
+        create or drop meanwhile undoes the install, and the spare, fenced, comes back as a spare), rebuilding."""
+        tables, guard = self.store.tables()
         for spare in spares:
             ok, _ = self._ask({spare: (self.map_header(m, position=p, rebuilding=True), [])})
             source = ok.get(spare, ({}, []))[0].get("source")
@@ -232,7 +231,7 @@ class Decider:
                 return True
             self.log(f"epoch {m.epoch}: spare {spare} put in position {p}")
             return self._swap(m, m.with_position(p, endpoint=spare, source=source, state="rebuilding", generation=0,
-                                                 key=presence.get(spare, {}).get("key"))) is not None
+                                                 key=presence.get(spare, {}).get("key")), guard) is not None
         return False
 
     def _call(self, endpoint: str, header: dict) -> dict:

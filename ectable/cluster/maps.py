@@ -72,10 +72,18 @@ class ClusterMap:
     def rebuilt(self, p: int) -> None:
         """The node at p reported nothing left to rebuild."""
 
-    def claim_table(self, config: dict) -> dict:
+    def claim_table(self, config: dict) -> dict | None:
         """The definition that holds for table `config["name"]`: the first a client claimed (see
-        `ClusterStore.claim_table`); here, with no store to agree in, `config`."""
+        `ClusterStore.claim_table`; None while the name is being dropped); here, with no store to agree
+        in, `config`."""
         return config
+
+    def drop_table(self, name: str) -> bool:
+        """Claim the drop of table `name` (see `ClusterStore.drop_table`); here, with no store, True."""
+        return True
+
+    def table_dropped(self, name: str) -> None:
+        """Table `name` is gone from every node."""
 
     def last_source(self, p: int) -> str | None:
         """The identity that held position p last, dead or alive."""
@@ -134,9 +142,19 @@ class StoredMap:
         for endpoint in self._channels.keys() - set(m.endpoints):  # a node replaced: its sockets are freed
             self._channels.pop(endpoint).close()
 
-    def claim_table(self, config: dict) -> dict:
+    def claim_table(self, config: dict) -> dict | None:
+        return self._stored(self.store.claim_table, config)
+
+    def drop_table(self, name: str) -> bool:
+        return self._stored(self.store.drop_table, name)
+
+    def table_dropped(self, name: str) -> None:
+        self._stored(self.store.table_dropped, name)
+
+    @staticmethod
+    def _stored(call, *args):
         try:
-            return self.store.claim_table(config)
+            return call(*args)
         except MembershipUnavailable as exc:
             raise Unavailable(f"the cluster's membership store does not answer: {exc}") from None
 

@@ -24,6 +24,9 @@ class ClusterStore:
         self.decider_key = f"{self.prefix}/decider"
         self.writers_prefix = f"{self.prefix}/writers/"
         self.tables_prefix = f"{self.prefix}/tables/"
+        self.dropping_prefix = f"{self.prefix}/dropping/"
+        self.dropped_prefix = f"{self.prefix}/dropped/"
+        self.tables_epoch_key = f"{self.prefix}/tables-epoch"  # rewritten by every create and drop
 
     # -- the map -----------------------------------------------------------
     def read_map(self) -> Map | None:
@@ -68,15 +71,49 @@ class ClusterStore:
         return {kv.key[len(self.writers_prefix):] for kv in kvs}
 
     # -- tables ------------------------------------------------------------
-    def claim_table(self, config: dict) -> dict:
+    def claim_table(self, config: dict) -> dict | None:
         """The definition of table `config["name"]` that holds: `config` if no client claimed the name before
-        (one transaction: of racing claims exactly one wins), else the first claim's."""
-        key = self.tables_prefix + config["name"]
-        ok, _ = self.membership.txn([Compare.absent(key)], [Put(key, msgpack.packb(config, use_bin_type=True))])
+        (one transaction: of racing claims exactly one wins), else the first claim's; None if the name is
+        being dropped or was dropped (a dropped table's name is not used again: clients may still hold its
+        definition, and redo logs its writes)."""
+        name = config["name"]
+        key, marks = self.tables_prefix + name, [self.dropping_prefix + name, self.dropped_prefix + name]
+        ok, _ = self.membership.txn([Compare.absent(key), *map(Compare.absent, marks)],
+                                    [Put(key, msgpack.packb(config, use_bin_type=True)), Put(self.tables_epoch_key, b"")])
         if ok:
             return config
+        if any(self.membership.get(mark) is not None for mark in marks):
+            return None
         kv = self.membership.get(key)
         return config if kv is None else msgpack.unpackb(kv.value, raw=False)
+
+    def drop_table(self, name: str) -> bool:
+        """Mark table `name` as being dropped (one transaction: of racing drops exactly one wins, and no
+        create claims the name until `table_dropped`); False if there is no such table, or it is being
+        dropped already."""
+        key, mark = self.tables_prefix + name, self.dropping_prefix + name
+        kv = self.membership.get(key)
+        if kv is None:
+            return False
+        ok, _ = self.membership.txn([Compare.unchanged(key, kv.mod_revision), Compare.absent(mark)],
+                                    [Put(mark, b""), Put(self.tables_epoch_key, b"")])
+        return ok
+
+    def table_dropped(self, name: str) -> None:
+        """Table `name` is gone from every node (its name stays taken)."""
+        self.membership.txn([], [Delete(self.tables_prefix + name), Delete(self.dropping_prefix + name),
+                                 Put(self.dropped_prefix + name, b""), Put(self.tables_epoch_key, b"")])
+
+    def tables(self) -> tuple[list[dict], list]:
+        """The tables claimed and not being dropped, and a comparison that holds while that stays so (a spare
+        is installed with them only if no create or drop came between)."""
+        kv = self.membership.get(self.tables_epoch_key)
+        guard = [Compare.absent(self.tables_epoch_key) if kv is None else
+                 Compare.unchanged(self.tables_epoch_key, kv.mod_revision)]
+        dropping = {kv.key[len(self.dropping_prefix):] for kv in self.membership.range(self.dropping_prefix)[0]}
+        specs = [msgpack.unpackb(kv.value, raw=False) for kv in self.membership.range(self.tables_prefix)[0]
+                 if kv.key[len(self.tables_prefix):] not in dropping]
+        return specs, guard
 
     # -- election ----------------------------------------------------------
     def campaign(self, name: str, lease: int) -> bool:

@@ -122,6 +122,13 @@ class CreateTable(Request):
     node: str | None = None
 
 
+@request("drop_table")
+class DropTable(Request):
+    """Free `table` on this node, its rows and parity rows; answers whether it had it."""
+    table: str
+    node: str | None = None
+
+
 @request("tables")
 class Tables(Request):
     node: str | None = None

@@ -57,6 +57,7 @@ class Node:
         self.rebuilt_rows = 0  # data and parity rows restored since rebuilding began
         self.source = f"node/{position}/{clocks.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
+        self.dropped: set[str] = set()  # tables dropped here (and not created again): deltas for them are moot
         self.write_seq = 0
         self.window_opened = self.clock()
         self._next_seq: dict[int, int] = {}
@@ -163,11 +164,29 @@ class Node:
                                  f"{need / 2**30:.1f} GiB on each node; this node has {free / 2**30:.1f} GiB available")
         try:
             self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding)
+            self.dropped.discard(spec.name)
         except MemoryError:
             raise InvalidRequest(f"table {spec.name!r}: not enough memory on node {self.position} for "
                                  f"{need / 2**30:.1f} GiB") from None
         self._settle()
         return {}, []
+
+    def op_drop_table(self, msg, arrays):
+        """Free a table: its rows, parity rows, dirty window, and the deltas for it queued, skipped or kept
+        here; deltas naming it that arrive later are acknowledged and skipped."""
+        shard = self.shards.pop(msg.table, None) if isinstance(msg.table, str) else None
+        if shard is None:
+            return {"dropped": False}, []
+        self.dropped.add(shard.spec.name)
+        self.queued = [w for w in self.queued if w[0] is not shard]
+        self.queued_rows = sum(w[1].size for w in self.queued)
+        for log in self.skipped.values():
+            kept = [entry for entry in log if entry[2] != shard.spec.name]
+            log.clear()
+            log.extend(kept)
+        self.retained.forget(shard.spec.name)
+        self._settle()
+        return {"dropped": True}, []
 
     def op_tables(self, msg, arrays):
         return {"tables": [s.spec.get_config() for s in self.shards.values()]}, []
@@ -217,8 +236,10 @@ class Node:
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
         return {"seq": seq}, []
 
-    def _writes(self, parts, arrays) -> list:
-        """[(shard, kind, ids, values)] of a write's parts and arrays, all checked."""
+    def _writes(self, parts, arrays, dropped_ok: bool = False) -> list:
+        """[(shard, kind, ids, values)] of a write's parts and arrays, all checked; with `dropped_ok`, parts
+        for tables this node does not have are left out (a replay of writes to a table dropped since: a
+        replacement is given every table that is not being dropped)."""
         if not isinstance(parts, list) or not all(isinstance(x, list) and len(x) == 2 for x in parts):
             raise InvalidRequest("write needs parts [[table, kind], ...]")
         self._arrays(arrays, 2 * len(parts))
@@ -226,6 +247,8 @@ class Node:
             raise InvalidRequest("a write names a table twice")
         work = []
         for n, (table, kind) in enumerate(parts):
+            if dropped_ok and isinstance(table, str) and table not in self.shards:
+                continue
             shard = self._shard(table)
             if kind not in ("put", "apply_gradient"):
                 raise InvalidRequest(f"table {table!r}: unknown write {kind!r}")
@@ -295,7 +318,7 @@ class Node:
             work, at = [], 0
             for seq, cid, cseq, parts in entries:
                 count = 2 * len(parts) if isinstance(parts, list) else 0
-                work.append(self._writes(parts, arrays[at:at + count]))
+                work.append(self._writes(parts, arrays[at:at + count], dropped_ok=True))
                 at += count
             if at != len(arrays):
                 raise InvalidRequest(f"replay carries {len(arrays)} arrays, its entries name {at}")
@@ -341,6 +364,8 @@ class Node:
         self._arrays(arrays, 2 * len(tables))
         work = []
         for t, name in enumerate(tables):  # check everything before changing anything
+            if name in self.dropped:
+                continue  # sent before the table was dropped here: moot
             shard = self._shard(name)
             ids = self._ids(shard, arrays[2 * t])
             delta = arrays[2 * t + 1]

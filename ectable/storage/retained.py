@@ -42,6 +42,12 @@ class Retained:
         log = self.windows.get(source)
         return log[0][0] - 1 if log else self.level.get(source)
 
+    def forget(self, table: str) -> None:
+        """Drop every kept delta of `table` (it was dropped: rolling back never touches it again)."""
+        for log in self.windows.values():
+            for n, (window, arrival, parts) in enumerate(log):
+                log[n] = (window, arrival, [part for part in parts if part[0] != table])
+
     def take_after(self, source: str, window: int) -> list:
         """Remove and return the (table, ids, delta, delta slots) parts of `source`'s windows after `window`; its level
         becomes `window`. The caller checked `kept(source) <= window`."""

@@ -12,6 +12,7 @@ optimizer state) equals the model, bit for bit, and the parity is exact.
 """
 from __future__ import annotations
 
+import random
 import traceback
 from dataclasses import dataclass, field
 
@@ -216,14 +217,29 @@ class Training:
         self.sim, self.client, self.rng = sim, client, np.random.default_rng(sim.world.seed)
         self.models: dict[str, ReferenceTable] = {}
         self.flushes = 0
+        # one seed in six also drops tables and creates them again (from a stream of its own: the other
+        # seeds run as they did before drops existed)
+        self.drops = random.Random(sim.world.seed * 7 + 1) if sim.world.seed % 6 == 5 else None
+        self.created = 0
 
     def create_tables(self) -> None:
         rng = self.sim.world.rng
         for t in range(rng.choice([1, 2])):
-            name = f"t{t}"
-            self.client.create_table(name, num_rows=rng.randint(20, 90), dim=rng.choice([1, 2, 4]),
-                                     optimizer=rng.choice(OPTIMIZERS), lr=0.1, init="uniform", seed=t)
-            self.models[name] = ReferenceTable(self.client._table(name)[0])
+            self.create(f"t{t}", rng, seed=t)
+
+    def create(self, name: str, rng, seed: int) -> None:
+        self.client.create_table(name, num_rows=rng.randint(20, 90), dim=rng.choice([1, 2, 4]),
+                                 optimizer=rng.choice(OPTIMIZERS), lr=0.1, init="uniform", seed=seed)
+        self.models[name] = ReferenceTable(self.client._table(name)[0])
+
+    def recreate(self) -> None:
+        """Drop a table and create another (a dropped name is not used again)."""
+        name = self.drops.choice(sorted(self.models))
+        self.sim.world.note(f"drop_table {name}")
+        self.client.drop_table(name)
+        del self.models[name]
+        self.created += 1
+        self.create(f"{name[:2]}_{self.created}", self.drops, seed=self.drops.randint(0, 99))
 
     def ids(self, table: str, n: int, unique: bool = False) -> np.ndarray:
         rows = self.models[table].spec.num_rows
@@ -236,6 +252,8 @@ class Training:
 
     def op(self) -> None:
         world, client = self.sim.world, self.client
+        if self.drops is not None and self.drops.random() < 0.05:
+            return self.recreate()
         kind = world.rng.choices(["get", "put", "grad", "grad_many", "step", "flush", "idle"],
                                  weights=[4, 2, 5, 2, 3, 1, 1])[0]
         table = world.rng.choice(sorted(self.models))

@@ -1,0 +1,113 @@
+"""drop_table: frees a table on every node with its parity; racing drops, creates, writes and kills."""
+import threading
+
+import numpy as np
+import pytest
+
+import ectable
+from ectable.testing import check_parity, read_records
+
+
+def table_rows(client) -> list:
+    return [node.get("data_rows", 0) + node.get("parity_rows", 0) for node in client.status()["nodes"]]
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["in-process", "processes"])
+def test_a_dropped_table_is_gone_everywhere_and_its_name_not_used_again(processes):
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, processes=processes) as cluster:
+        client, other = cluster.connect(), cluster.connect()
+        client.create_table("t", num_rows=3000, dim=8, optimizer="adagrad", lr=0.1, init="normal", seed=1)
+        client.create_table("u", num_rows=500, dim=4, init="zeros")
+        ids = np.arange(3000)
+        client.apply_gradient("t", ids, np.ones((3000, 8), np.float32))
+        client.put("u", [3], np.ones((1, 4)))
+        before = table_rows(client)
+        client.drop_table("t")
+        assert sum(table_rows(client)) < sum(before)  # rows and parity rows freed
+        for c in (client, other):  # the other client still had it cached: the nodes say it is gone
+            with pytest.raises(ectable.InvalidRequest, match="'t'"):
+                c.get("t", [1])
+        with pytest.raises(ectable.InvalidRequest, match="no table 't' to drop"):
+            other.drop_table("t")
+        with pytest.raises(ectable.InvalidRequest, match="'t' was dropped"):  # clients may still know it
+            other.create_table("t", num_rows=100, dim=2, init="zeros")
+        other.create_table("t2", num_rows=100, dim=2, init="zeros")
+        np.testing.assert_array_equal(client.get("t2", np.arange(100)), np.zeros((100, 2), np.float32))
+        np.testing.assert_array_equal(client.get("u", [3]), np.ones((1, 4), np.float32))
+        client.flush()
+        check_parity(cluster, client)
+
+
+def test_racing_drops_one_wins_and_a_create_of_the_name_is_refused():
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=100, dim=2, init="zeros")
+        store = cluster.store
+        assert store.drop_table("t") and not store.drop_table("t")  # of racing drops exactly one claims it
+        with pytest.raises(ectable.InvalidRequest, match="being dropped"):
+            client.create_table("t", num_rows=100, dim=2, init="zeros")
+        store.table_dropped("t")
+        assert store.claim_table({"name": "t", "x": 1}) is None and not store.drop_table("t")
+
+
+def test_writes_racing_with_a_drop_land_before_it_or_are_refused_and_a_kill_during_it_loses_nothing(tmp_path):
+    """A trainer keeps writing two tables while another client drops one and a node is SIGKILLed: each write
+    to the dropped table succeeds (before the drop reached its node) or is refused naming the table; the
+    other table equals a model throughout, the spare never gets the dropped table, and a table created
+    afterwards starts from its initial values with exact parity."""
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, spares=1) as cluster, \
+            ectable.LocalCluster(nodes=1, code="none", k=1, r=0, processes=False) as reference:
+        toml = tmp_path / "cluster.toml"
+        toml.write_text(ectable.config.dumps(cluster.describe()))
+        trainer, dropper, ref = cluster.connect(), ectable.connect(str(toml)), reference.connect()  # two processes' worth
+        for c in (trainer, ref):
+            c.create_table("keep", num_rows=2000, dim=4, optimizer="adagrad", lr=0.1, init="uniform", seed=3)
+        trainer.create_table("gone", num_rows=2000, dim=4, init="zeros")
+        rng = np.random.default_rng(4)
+        refused, rounds, stop = [], [], threading.Event()
+
+        def train():
+            while not stop.is_set():
+                ids = rng.choice(2000, 300, replace=False)
+                grads = rng.standard_normal((300, 4)).astype(np.float32)
+                for c in (trainer, ref):
+                    c.apply_gradient("keep", ids, grads)
+                try:
+                    trainer.put("gone", ids, np.ones((300, 4)))
+                except ectable.InvalidRequest as exc:
+                    assert "'gone'" in str(exc)
+                    refused.append(exc)
+                trainer.step()
+                rounds.append(1)
+        thread = threading.Thread(target=train)
+        thread.start()
+        try:
+            while len(rounds) < 3:
+                stop.wait(0.01)
+            cluster.kill(2)
+            dropper.drop_table("gone")
+            done = len(rounds)
+            while len(rounds) < done + 3 and thread.is_alive():  # the trainer goes on after the drop
+                stop.wait(0.01)
+        finally:
+            stop.set()
+            thread.join(60)
+        assert thread.is_alive() is False and refused  # writes after the drop were refused
+        trainer.wait_recovered(timeout=60)
+        dropper.close()
+        tables = [set(t["name"] for t in trainer._call(p, {"op": "tables"}, [])[0]["tables"]) for p in range(5)]
+        assert tables == [{"keep"}] * 5  # the spare at 2 included
+        ids = np.arange(2000)
+        np.testing.assert_array_equal(read_records(trainer, "keep", ids), read_records(ref, "keep", ids))
+        trainer.create_table("new", num_rows=2000, dim=4, init="normal", seed=9)
+        np.testing.assert_array_equal(trainer.get("new", ids), _initial(ids))
+        trainer.flush()
+        check_parity(cluster, trainer)
+
+
+def _initial(ids):
+    """The rows of a freshly created "new" as an in-process cluster computes them."""
+    with ectable.LocalCluster(nodes=1, code="none", k=1, r=0, processes=False) as fresh:
+        c = fresh.connect()
+        c.create_table("new", num_rows=2000, dim=4, init="normal", seed=9)
+        return c.get("new", ids)
