@@ -29,7 +29,7 @@ import numpy as np
 from ..config import ClusterConfig
 from ..errors import Error
 from ..membership import LeaseNotFound
-from ..protocol.messages import Applied, CreateTable, Holds, Invalidate, MapUpdate, Rollback, Tables
+from ..protocol.messages import Applied, CreateTable, DropTable, Holds, Invalidate, MapUpdate, Rollback, Tables
 from ..storage.table import TableSpec
 from . import plans
 from .map import Map
@@ -38,6 +38,7 @@ from .store import ClusterStore
 CONTROL_TIMEOUT = 2.0  # one round of control calls to nodes
 PATIENCE = 3  # rounds a live node (its lease kept) may fail to answer a reconcile before it is failed too
 ELECTION_TTL = 2.0  # a dead decider is replaced within this many seconds
+INSTALL_TRIES = 5  # times an install is tried again after a create or drop came between
 SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
 
 
@@ -215,24 +216,42 @@ class Decider:
         return new != m and self._swap(m, new) is not None
 
     def _install(self, m: Map, p: int, spares: list[str], presence: dict) -> bool:
-        """Put the first spare that takes it in dead position p, with every table (as the store lists them: a
-        create or drop meanwhile undoes the install, and the spare, fenced, comes back as a spare), rebuilding."""
-        tables, guard = self.store.tables()
+        """Put the first spare that takes it in dead position p, with every table the store lists (the map
+        change holds only if no create or drop came between: then the spare's tables are put right and
+        the change tried again), rebuilding."""
         for spare in spares:
             ok, _ = self._ask({spare: (self.map_header(m, position=p, rebuilding=True), [])})
             source = ok.get(spare, ({}, []))[0].get("source")
             if not isinstance(source, str):
                 continue
-            try:
-                for spec in tables:
-                    self._call(spare, CreateTable(spec=spec).header())
-            except Error:
-                self._swap(m, m.replace(fenced=m.fenced + (source,)))  # it took the position, then failed
-                return True
-            self.log(f"epoch {m.epoch}: spare {spare} put in position {p}")
-            return self._swap(m, m.with_position(p, endpoint=spare, source=source, state="rebuilding", generation=0,
-                                                 key=presence.get(spare, {}).get("key")), guard) is not None
+            new = m.with_position(p, endpoint=spare, source=source, state="rebuilding", generation=0,
+                                  key=presence.get(spare, {}).get("key"))
+            for _ in range(INSTALL_TRIES):
+                try:
+                    guard = self._give_tables(spare)
+                except Error:
+                    self._swap(m, m.replace(fenced=m.fenced + (source,)))  # it took the position, then failed
+                    return True
+                if self._swap(m, new, guard) is not None:
+                    self.log(f"epoch {m.epoch}: spare {spare} put in position {p}")
+                    return True
+                latest = self.store.read_map()
+                if latest is None or latest.epoch != m.epoch:
+                    return True  # another change came first: decide again (a stray spare is fenced)
+            return False
         return False
+
+    def _give_tables(self, spare: str) -> list:
+        """Create on `spare` every table the store lists and drop any other it has; a comparison that holds
+        while the store's tables stay so."""
+        tables, guard = self.store.tables()
+        names = {spec["name"] for spec in tables}
+        for spec in tables:
+            self._call(spare, CreateTable(spec=spec).header())
+        for spec in self._call(spare, Tables().header())["tables"]:
+            if spec["name"] not in names:
+                self._call(spare, DropTable(table=spec["name"]).header())
+        return guard
 
     def _call(self, endpoint: str, header: dict) -> dict:
         answer = self.control.call_all({endpoint: (header, [])}, CONTROL_TIMEOUT)[endpoint]
