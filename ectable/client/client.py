@@ -125,6 +125,7 @@ class Client:
         if not isinstance(name, str) or not self.cluster.drop_table(name):
             raise InvalidRequest(f"no table {name!r} to drop (or another client drops it now)")
         header = m.DropTable(table=name).header()
+        self.cluster.refresh()  # a spare installed before the claim has the table: this client must see it
         self._catch_up()
         pending = self._positions()
         while pending:  # a node that dies meanwhile is failed over; what stands at its position is asked too
@@ -133,7 +134,6 @@ class Client:
                 self._lost(q)
             self._catch_up()
             pending = [q for q in failed if self._state(q) != "dead"]
-        self.settle(clock.monotonic() + CREATE_DEADLINE, close=True)  # no delta from before it is on its way
         self._tables.pop(name, None)
         for log in [*self._log, *self.cluster.replays.values()]:  # its writes are never replayed
             kept = [entry for entry in log if entry.drop(name)]
