@@ -7,11 +7,12 @@ the public keys of every role (`nodes`, `deciders`, `clients`). A node admits a 
 from a listed key, and then, per operation:
 
 - `map`, `invalidate`, `rollback` and a fencing `applied`: only from a decider's key;
-- a parity `delta` of a node's window: only from the key of a node the current map gives a
-  live position (a node announces its key with its presence; deciders copy it into the map),
-  so a dead node, a spare, a client or a decider cannot fold anything into parity;
-- everything else (reads, writes, replays, degraded writes through the parity, rebuild
-  traffic): from any listed key.
+- a parity `delta` of a node's window: only from the key the current map gives the live node
+  whose identity the delta names (a node announces its key with its presence; deciders copy it
+  into the map), so a dead node, a spare, another node, a client or a decider cannot fold
+  anything into a node's delta stream;
+- everything else (reads, writes, replays, degraded writes through the parity for a position
+  the node knows dead, rebuild traffic): from any listed key.
 
 Without keys (loopback only, see `ectable node`) every local process may send anything.
 """
@@ -61,16 +62,16 @@ def role(section: dict, key: str | None) -> str | None:
     return None
 
 
-def refusal(msg, key: str | None, section: dict | None, peers: set) -> str | None:
-    """Why a node refuses request `msg` sent with `key` (None: it takes it). `peers`: the keys of the
-    nodes the node's current map gives a live position."""
+def refusal(msg, key: str | None, section: dict | None, peers: dict) -> str | None:
+    """Why a node refuses request `msg` sent with `key` (None: it takes it). `peers`: {identity: key} of
+    the nodes the node's current map gives a live position."""
     if section is None:
         return None
     who = role(section, key)
     if msg.op in DECIDER_OPS or (msg.op == "applied" and msg.fence):
         return None if who == "decider" else f"{msg.op} is taken from a decider's key only, not a {who}'s"
     if msg.op == "delta" and msg.dead is None:
-        if who == "node" and key in peers:
+        if who == "node" and peers.get(msg.source) == key:
             return None
-        return f"a window's parity delta is taken only from a node the map lists, not this {who}'s key"
+        return f"a window's parity delta of {msg.source!r} is taken only from that node's key in the map"
     return None if who is not None else "this key is not listed in the cluster's [security]"

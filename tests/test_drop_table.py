@@ -43,11 +43,17 @@ def test_racing_drops_one_wins_and_a_create_of_the_name_is_refused():
         client = cluster.connect()
         client.create_table("t", num_rows=100, dim=2, init="zeros")
         store = cluster.store
-        assert store.drop_table("t") and not store.drop_table("t")  # of racing drops exactly one claims it
+        writer = cluster.writer_id()
+        assert store.drop_table("t", writer) and not store.drop_table("t", writer)  # of racing drops, one wins
         with pytest.raises(ectable.InvalidRequest, match="being dropped"):
             client.create_table("t", num_rows=100, dim=2, init="zeros")
         store.table_dropped("t")
-        assert store.claim_table({"name": "t", "x": 1}) is None and not store.drop_table("t")
+        assert store.claim_table({"name": "t", "x": 1}) is None and not store.drop_table("t", writer)
+        client.create_table("u", num_rows=100, dim=2, init="zeros")
+        assert store.drop_table("u", "a-writer-that-died")  # its drop stopped half way
+        client.drop_table("u")  # taken over: a drop whose writer is gone does not block the table forever
+        with pytest.raises(ectable.InvalidRequest, match="'u'"):
+            client.get("u", [1])
 
 
 def test_writes_racing_with_a_drop_land_before_it_or_are_refused_and_a_kill_during_it_loses_nothing(tmp_path):

@@ -290,17 +290,23 @@ def test_each_key_may_send_only_what_its_role_sends(tmp_path):
         ids = np.flatnonzero(layout.data_node(np.arange(40)) == 0)[:1]
         holder = int(layout.parity_node(layout.stripe(ids), 0)[0])
         forged = {"op": "delta", "source": c.source(0), "seq": 99, "tables": ["t"]}
+        promise = {"op": "holds", "table": "t", "source": "repair/forged", "position": 0, "dead": c.source(0)}
+        degraded = {**forged, "source": "repair/forged", "seq": 1, "position": 0, "dead": c.source(0)}
         unused = sorted(set(os.listdir(keys)) - {f"node-{i}.toml" for i in range(4)})
-        senders = {"client-1": [forged, {"op": "invalidate", "table": "t"}, {"op": "rollback", "source": c.source(0),
-                                                                              "window": 0, "clients": {}}],
-                   "decider-1": [forged], next(n[:-5] for n in unused if n.startswith("node-")): [forged]}
+        by_key = {load(n[:-5])["public"]: n[:-5] for n in os.listdir(keys) if n.startswith("node-")}
+        as_other = by_key[c._map.keys[2]]  # a live node's key, sending as node 0
+        senders = {"client-1": [(forged, "forbidden"), ({"op": "invalidate", "table": "t"}, "forbidden"),
+                                ({"op": "rollback", "source": c.source(0), "window": 0, "clients": {}}, "forbidden"),
+                                (promise, "replaced"), (degraded, "replaced")],  # node 0 is alive: not degraded
+                   "decider-1": [(forged, "forbidden")], next(n[:-5] for n in unused if n.startswith("node-")):
+                   [(forged, "forbidden")], as_other: [(forged, "forbidden")]}
         for name, headers in senders.items():
             channel = ZmqChannel(c.endpoints[holder], zmq.Context.instance(), load(name), connect_timeout=10.0)
             try:
-                for header in headers:
+                for header, error in headers:
                     arrays = [ids, np.full((1, 8), 255, np.uint8)] if header["op"] == "delta" else [layout.stripe(ids)]
                     reply = channel.call(header, arrays if header["op"] != "rollback" else [], 10.0)[0]
-                    assert reply.get("error") == "forbidden", (name, header["op"], reply)
+                    assert reply.get("error") == error, (name, header["op"], reply)
             finally:
                 channel.close()
         check_parity(c, client)

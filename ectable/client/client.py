@@ -212,7 +212,9 @@ class Client:
     def _with_failover(self, p, attempt):
         """attempt() until it succeeds: nodes that die are failed over, rows not rebuilt are rebuilt first, and a
         position this client saw dead is looked up again when its parity holders know of a replacement."""
-        for _ in range(4 * self.nodes):
+        tries, replaced_until = 0, None
+        while tries < 4 * self.nodes:
+            tries += 1
             try:
                 try:
                     return attempt()
@@ -225,8 +227,12 @@ class Client:
                 self._lost(exc.position)
             except _Moved as moved:
                 self._failover(moved.position)
-            except Replaced:
+            except Replaced:  # a holder knows of a replacement, or does not know yet that p's node died
                 self.cluster.refresh()
+                replaced_until = replaced_until or clock.monotonic() + DEADLINE
+                if clock.monotonic() < replaced_until:
+                    tries -= 1  # the holder learns the map within a heartbeat: not a failure
+                    clock.sleep(0.02)
         raise Unavailable(f"node {p}: nodes kept failing while serving a request")
 
     # -- writes ----------------------------------------------------------

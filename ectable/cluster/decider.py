@@ -236,21 +236,19 @@ class Decider:
                     self.log(f"epoch {m.epoch}: spare {spare} put in position {p}")
                     return True
                 latest = self.store.read_map()
-                if latest is None or latest.epoch != m.epoch:
-                    return True  # another change came first: decide again (a stray spare is fenced)
+                if latest is None or latest.epoch != m.epoch or not self.leading():
+                    return True  # another change came first (a stray spare is fenced), or another decider acts
             return False
         return False
 
     def _give_tables(self, spare: str) -> list:
-        """Create on `spare` every table the store lists and drop any other it has; a comparison that holds
-        while the store's tables stay so."""
-        tables, guard = self.store.tables()
-        names = {spec["name"] for spec in tables}
+        """Create on `spare` every table the store lists, and drop those dropped (deltas and replays naming
+        them are then skipped there); a comparison that holds while the store's tables stay so."""
+        tables, gone, guard = self.store.tables()
         for spec in tables:
             self._call(spare, CreateTable(spec=spec).header())
-        for spec in self._call(spare, Tables().header())["tables"]:
-            if spec["name"] not in names:
-                self._call(spare, DropTable(table=spec["name"]).header())
+        for name in gone:
+            self._call(spare, DropTable(table=name).header())
         return guard
 
     def _call(self, endpoint: str, header: dict) -> dict:

@@ -79,7 +79,8 @@ class ClusterMap:
         return config
 
     def drop_table(self, name: str) -> bool:
-        """Claim the drop of table `name` (see `ClusterStore.drop_table`); here, with no store, True."""
+        """Claim the drop of table `name` for this writer (see `ClusterStore.drop_table`); here, with no
+        store, True."""
         return True
 
     def table_dropped(self, name: str) -> None:
@@ -146,7 +147,7 @@ class StoredMap:
         return self._stored(self.store.claim_table, config)
 
     def drop_table(self, name: str) -> bool:
-        return self._stored(self.store.drop_table, name)
+        return self._stored(self.store.drop_table, name, self.writer_id())
 
     def table_dropped(self, name: str) -> None:
         self._stored(self.store.table_dropped, name)

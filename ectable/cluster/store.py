@@ -87,16 +87,22 @@ class ClusterStore:
         kv = self.membership.get(key)
         return config if kv is None else msgpack.unpackb(kv.value, raw=False)
 
-    def drop_table(self, name: str) -> bool:
-        """Mark table `name` as being dropped (one transaction: of racing drops exactly one wins, and no
-        create claims the name until `table_dropped`); False if there is no such table, or it is being
-        dropped already."""
+    def drop_table(self, name: str, owner: str) -> bool:
+        """Mark table `name` as being dropped by writer `owner` (one transaction: of racing drops exactly one
+        wins, and no create claims the name again); False if there is no such table, or a live writer drops
+        it now. A drop whose writer died half way is taken over."""
         key, mark = self.tables_prefix + name, self.dropping_prefix + name
         kv = self.membership.get(key)
         if kv is None:
             return False
-        ok, _ = self.membership.txn([Compare.unchanged(key, kv.mod_revision), Compare.absent(mark)],
-                                    [Put(mark, b""), Put(self.tables_epoch_key, b"")])
+        marked = self.membership.get(mark)
+        if marked is None:
+            cond = [Compare.unchanged(key, kv.mod_revision), Compare.absent(mark)]
+        elif marked.value.decode(errors="replace") in self.writers():
+            return False
+        else:
+            cond = [Compare.unchanged(mark, marked.mod_revision)]
+        ok, _ = self.membership.txn(cond, [Put(mark, owner.encode()), Put(self.tables_epoch_key, b"")])
         return ok
 
     def table_dropped(self, name: str) -> None:
@@ -104,16 +110,17 @@ class ClusterStore:
         self.membership.txn([], [Delete(self.tables_prefix + name), Delete(self.dropping_prefix + name),
                                  Put(self.dropped_prefix + name, b""), Put(self.tables_epoch_key, b"")])
 
-    def tables(self) -> tuple[list[dict], list]:
-        """The tables claimed and not being dropped, and a comparison that holds while that stays so (a spare
-        is installed with them only if no create or drop came between)."""
+    def tables(self) -> tuple[list[dict], list[str], list]:
+        """The tables claimed and not being dropped; the names dropped or being dropped; and a comparison that
+        holds while both stay so (a spare is installed with them only if no create or drop came between)."""
         kv = self.membership.get(self.tables_epoch_key)
         guard = [Compare.absent(self.tables_epoch_key) if kv is None else
                  Compare.unchanged(self.tables_epoch_key, kv.mod_revision)]
-        dropping = {kv.key[len(self.dropping_prefix):] for kv in self.membership.range(self.dropping_prefix)[0]}
+        gone = sorted({kv.key[len(prefix):] for prefix in (self.dropping_prefix, self.dropped_prefix)
+                       for kv in self.membership.range(prefix)[0]})
         specs = [msgpack.unpackb(kv.value, raw=False) for kv in self.membership.range(self.tables_prefix)[0]
-                 if kv.key[len(self.tables_prefix):] not in dropping]
-        return specs, guard
+                 if kv.key[len(self.tables_prefix):] not in gone]
+        return specs, gone, guard
 
     # -- election ----------------------------------------------------------
     def campaign(self, name: str, lease: int) -> bool:

@@ -29,7 +29,7 @@ class NodeHost:
         self.dead: set[int] = set()
         self.running = True
         self.keys: dict | None = None  # the [security] section, with CURVE keys: who may send what
-        self.peer_keys: set[str] = set()  # the keys of the nodes the current map gives a live position
+        self.peer_keys: dict[str, str] = {}  # identity -> key of the nodes the current map gives a live position
         self.lazy_close = False  # nodes of processes close windows when idle
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
 
@@ -105,7 +105,8 @@ class NodeHost:
         self.node.sources = dict(self.sources)
         self.dead = set(dead)
         if isinstance(msg.keys, list) and len(msg.keys) == len(endpoints):
-            self.peer_keys = {k for p, k in enumerate(msg.keys) if isinstance(k, str) and p not in self.dead}
+            self.peer_keys = {self.sources[p]: k for p, k in enumerate(msg.keys)
+                              if isinstance(k, str) and p not in self.dead and p in self.sources}
         self.node.fenced |= {f for f in msg.fenced if isinstance(f, str)}
         for target in self.dead:
             self._drop_peer(target)

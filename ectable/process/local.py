@@ -337,7 +337,7 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
             if not line.startswith("READY "):
                 for other in started[n:]:  # the ones not registered yet: close() does not know them
                     _stop(other)
-                raise Error(f"{command[0]} process {proc.pid} failed to start: {line!r}")
+                raise Error(f"{commands[n][0]} process {proc.pid} failed to start: {line!r}")
             endpoints.append(line.split()[1])
             self._procs[endpoints[-1]] = proc
         return endpoints

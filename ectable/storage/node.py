@@ -174,10 +174,10 @@ class Node:
     def op_drop_table(self, msg, arrays):
         """Free a table: its rows, parity rows, dirty window, and the deltas for it queued, skipped or kept
         here; deltas naming it that arrive later are acknowledged and skipped."""
-        shard = self.shards.pop(msg.table, None) if isinstance(msg.table, str) else None
+        shard = self.shards.pop(msg.table, None)
+        self.dropped.add(msg.table)  # a node without it (a spare) also skips deltas and replays naming it
         if shard is None:
             return {"dropped": False}, []
-        self.dropped.add(shard.spec.name)
         self.queued = [w for w in self.queued if w[0] is not shard]
         self.queued_rows = sum(w[1].size for w in self.queued)
         for log in self.skipped.values():
@@ -238,8 +238,7 @@ class Node:
 
     def _writes(self, parts, arrays, dropped_ok: bool = False) -> list:
         """[(shard, kind, ids, values)] of a write's parts and arrays, all checked; with `dropped_ok`, parts
-        for tables this node does not have are left out (a replay of writes to a table dropped since: a
-        replacement is given every table that is not being dropped)."""
+        for tables dropped here are left out (a replay of writes to a table dropped since)."""
         if not isinstance(parts, list) or not all(isinstance(x, list) and len(x) == 2 for x in parts):
             raise InvalidRequest("write needs parts [[table, kind], ...]")
         self._arrays(arrays, 2 * len(parts))
@@ -247,7 +246,7 @@ class Node:
             raise InvalidRequest("a write names a table twice")
         work = []
         for n, (table, kind) in enumerate(parts):
-            if dropped_ok and isinstance(table, str) and table not in self.shards:
+            if dropped_ok and isinstance(table, str) and table in self.dropped and table not in self.shards:
                 continue
             shard = self._shard(table)
             if kind not in ("put", "apply_gradient"):
@@ -352,6 +351,13 @@ class Node:
         source, seq, tables = msg.source, msg.seq, msg.tables
         if len(set(map(str, tables))) != len(tables):
             raise InvalidRequest("a delta names a table twice")
+        degraded = msg.dead is not None
+        if degraded and (msg.position is None or not source.startswith("repair/") or msg.window is not None
+                         or msg.clients is not None):
+            raise InvalidRequest(f"a degraded delta names its dead position, comes from a writer's repair source "
+                                 f"and carries no window or marks, not {source!r} at {msg.position!r}")
+        if not degraded and not source.startswith("node/"):
+            raise InvalidRequest(f"a window's delta comes from a node, not {source!r}")
         if source in self.fenced:
             return messages.error(ErrorCode.FENCED, "deltas of a node declared dead are refused"), []
         last = self.applied.get(source, 0)
@@ -364,7 +370,7 @@ class Node:
         self._arrays(arrays, 2 * len(tables))
         work = []
         for t, name in enumerate(tables):  # check everything before changing anything
-            if name in self.dropped:
+            if isinstance(name, str) and name in self.dropped:
                 continue  # sent before the table was dropped here: moot
             shard = self._shard(name)
             ids = self._ids(shard, arrays[2 * t])
@@ -422,13 +428,17 @@ class Node:
         return {}, []
 
     def _replaced(self, msg) -> bool:
-        """Does a degraded write (`position`, `dead`) come too late: a live replacement stands there?"""
+        """Is a degraded write (`position`, `dead`) refused: a live replacement stands there, or the node it
+        names as dead is alive as far as this node knows (it learns otherwise within a heartbeat)?"""
+        if msg.dead is None:
+            return False
         now = self.sources.get(msg.position) if msg.position is not None else None
-        return msg.dead is not None and now not in (None, msg.dead) and now not in self.fenced
+        return now not in self.fenced and (now not in (None, msg.dead) or msg.dead == now)
 
     @staticmethod
     def _replaced_reply(msg) -> dict:
-        return messages.error(ErrorCode.REPLACED, f"position {msg.position} has a replacement: write to it")
+        return messages.error(ErrorCode.REPLACED, f"position {msg.position} has a replacement, or {msg.dead} is "
+                                                  f"not known dead here: write to it (or ask again shortly)")
 
     def op_holds(self, msg, arrays):
         """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt); and
@@ -439,6 +449,9 @@ class Node:
         _, local = shard.parity_slots(stripes)
         missing = shard.missing_parity
         if msg.source is not None:
+            if not msg.source.startswith("repair/") or msg.position is None or msg.dead is None:
+                raise InvalidRequest(f"a degraded write's promise names a writer's repair source, a position and "
+                                     f"the identity dead there, not {msg.source!r}")
             if self._replaced(msg):
                 return self._replaced_reply(msg), []
             now = self.clock()

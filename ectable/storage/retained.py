@@ -6,7 +6,7 @@ the lowest window any of them holds (`Node.op_rollback`), so that the parity hol
 agree again, and nobody has to forget parity rows. Rolling back needs the raw deltas of the windows
 above that level. A holder keeps them until the sender says every target acknowledged them
 (`durable` in its deltas), for at most RETAINED_SECONDS, and for at most RETAINED_WINDOWS windows
-per sender. A holder that no longer keeps a window cannot roll back below it, and the decider then
+and RETAINED_ROWS rows per sender. A holder that no longer keeps a window cannot roll back below it, and the decider then
 invalidates parity rows instead, as it did before.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections import deque
 
 RETAINED_WINDOWS = 64  # windows kept per sender
 RETAINED_SECONDS = 120.0  # a dead sender's windows are kept this long for its reconcile
+RETAINED_ROWS = 1 << 20  # delta rows kept per sender (at most a few hundred MB in all on a node)
 
 
 class Retained:
@@ -31,7 +32,8 @@ class Retained:
             log.clear()  # not the next window: the older ones no longer lead up to it
         log.append((window, now, parts))
         self.level[source] = window
-        while log and (isinstance(durable, int) and log[0][0] <= durable or len(log) > RETAINED_WINDOWS):
+        while log and (isinstance(durable, int) and log[0][0] <= durable or len(log) > RETAINED_WINDOWS
+                       or sum(part[1].size for _, _, parts in log for part in parts) > RETAINED_ROWS):
             log.popleft()
         for kept in self.windows.values():
             while kept and now - kept[0][1] > RETAINED_SECONDS:
