@@ -118,6 +118,9 @@ def progress_bar(progress: dict, width: int = 30) -> str:
 def cmd_keygen(args) -> None:
     from .security import keygen
     os.makedirs(args.out, mode=0o700, exist_ok=True)
+    if os.listdir(args.out):
+        sys.exit(f"ectable keygen: {args.out} is not empty (keys made apart do not fit together); "
+                 f"choose a new directory")
     made = keygen(args.nodes, args.deciders, args.clients)
     for name, section in made.items():
         fd = os.open(os.path.join(args.out, f"{name}.toml"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

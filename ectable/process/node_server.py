@@ -46,7 +46,7 @@ class NodeServer(NodeHost):
         self.auth = start_authenticator(self.context, curve)
         self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
         super().__init__(bind_to(self.router, bind), token)
-        self.keys = curve
+        self.keys = curve  # who may send what (`NodeHost.handle`)
         self.lazy_close = True
         self.membership = membership  # the [membership] section: where the cluster's store is
         self.presence: _Presence | None = None  # this node's presence in the store, once serving
