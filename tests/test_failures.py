@@ -180,6 +180,7 @@ def test_a_partial_last_window_then_a_second_kill_loses_nothing():
         deadline = time.monotonic() + 10  # the window closed; its deltas reached every holder but `lagging`
         while client.status()["nodes"][2]["unacked_deltas"] > 1 and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert client.status()["nodes"][2]["unacked_deltas"] == 1  # only `lagging` lacks the last window
         cluster.kill(2)
         cluster.kill(next(q for q in range(5) if q not in (2, lagging)))
         assert same(client, ref)
