@@ -40,7 +40,9 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
                       "yet: its delta count was for the dead node before, so a window it closed next never reached "
                       "the rebuilt row (parity stale after a flush)"),
          ("rs", 859, "a node died with its last window at some holders only; the laggards forgot their parity "
-                     "rows of its stripes, and a second loss left a stripe short of k slots (Unavailable)")]
+                     "rows of its stripes, and a second loss left a stripe short of k slots (Unavailable)"),
+         ("rs", 254, "a degraded write's delta to a holder that had died meanwhile was sent again and again "
+                     "without waiting (the holder was dead already when the delta started): a livelock")]
 
 
 @pytest.mark.timeout(300)

@@ -278,8 +278,8 @@ class Repair:
                 raise
             except NodeDown:  # wait until it is failed over (or answers); the client fails over after the write:
                 self.client.cluster.mark_dead(target)  # failing over now could raise before every holder has it
-                if self.client.cluster.source(target) != holder:
-                    return
+                if self.client.cluster.state(target) == "dead" or self.client.cluster.source(target) != holder:
+                    return  # its parity is rebuilt from the data (which the other holders' parity gives)
 
     # -- rebuilding a replacement ----------------------------------------
     def rebuild_rows(self, position: int, ids: dict) -> None:

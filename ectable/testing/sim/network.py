@@ -15,6 +15,8 @@ from ...process.control import Control
 from ...transport import Channel, Pending, codec
 from .world import World
 
+STORM = 200_000  # messages in one run beyond which a run is failed as a livelock (runs send a few thousand)
+
 
 @dataclass
 class Faults:
@@ -46,6 +48,8 @@ class Network:
     def send(self, src: str, dst: str, frames: list, handle, actor: str) -> None:
         """Carry `frames` from `src` to `dst`, where `handle(frames)` runs as `actor` on arrival."""
         rng, faults = self.world.rng, self.faults
+        if self.counts["sent"] >= STORM:  # a sender that never waits: a livelock, not a run
+            raise AssertionError(f"{STORM} messages sent: {actor} sends {src} -> {dst} in a loop that never waits")
         frames = [bytes(f) for f in frames]  # what was sent is fixed now, whatever the sender does next
         if not self.reachable(src, dst) or rng.random() < faults.drop:
             self.counts["dropped"] += 1
