@@ -139,7 +139,7 @@ def test_deltas_apply_exactly_once_over_the_wire(cluster):
     delta = np.random.default_rng(0).integers(0, 256, (1, 9 * 4), dtype=np.uint8)
     ch = ZmqChannel(c.endpoints[target], zmq.Context.instance())
     def send(seq):
-        return ch.call({"op": "delta", "source": "test/exactly-once", "seq": seq, "tables": ["users"]},
+        return ch.call({"op": "delta", "source": "node/9/exactly-once", "seq": seq, "tables": ["users"]},
                        [ids, delta], 10)[0]
     assert send(2)["error"] == "out_of_order"  # seq 1 first: deltas apply in order
     for seq in (1, 1, 1, 2):  # seq 1 three times (applied once), then the same bytes as seq 2: they cancel

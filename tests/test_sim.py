@@ -12,8 +12,9 @@ from ectable.testing import sim
 
 SEEDS = 250
 # Seeds that fail, each replaying an open bug (docs/design.md, "Known limits, open"): a seed that starts
-# failing, or a listed one that starts passing, fails the test, so the list stays exact. None now.
-KNOWN: dict[str, set] = {"xor": set(), "rs": set()}
+# failing, or a listed one that starts passing, fails the test, so the list stays exact. xor 177: the split
+# degraded write (a lost delta sent again after its promise ran out; also rs 695 and xor 289 past SEEDS).
+KNOWN: dict[str, set] = {"xor": {177}, "rs": set()}
 
 
 @pytest.mark.timeout(1200)
