@@ -105,15 +105,7 @@ class Client:
         if existing != spec:
             raise InvalidRequest(f"table {name!r} exists with a different definition "
                                  f"(existing vs requested: {existing.differences(spec)})")
-        header = m.CreateTable(spec=spec.get_config()).header()  # to every node at once
-        self._catch_up()
-        pending = self._positions()
-        while pending:  # a node that dies meanwhile is failed over; what stands at its position gets the table
-            failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
-            for q in failed:
-                self._lost(q)
-            self._catch_up()
-            pending = [q for q in failed if self._state(q) != "dead"]
+        self._to_every_node(m.CreateTable(spec=spec.get_config()).header())
         self._remember(spec)
 
     @_open
@@ -124,22 +116,27 @@ class Client:
         table; its writes are never replayed, and a dead node's replacement never gets it."""
         if not isinstance(name, str) or not self.cluster.drop_table(name):
             raise InvalidRequest(f"no table {name!r} to drop (or another client drops it now)")
-        header = m.DropTable(table=name).header()
-        self.cluster.refresh()  # a spare installed before the claim has the table: this client must see it
-        self._catch_up()
-        pending = self._positions()
-        while pending:  # a node that dies meanwhile is failed over; what stands at its position is asked too
-            failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
-            for q in failed:
-                self._lost(q)
-            self._catch_up()
-            pending = [q for q in failed if self._state(q) != "dead"]
+        self._to_every_node(m.DropTable(table=name).header())
         self._tables.pop(name, None)
         for log in [*self._log, *self.cluster.replays.values()]:  # its writes are never replayed
             kept = [entry for entry in log if entry.drop(name)]
             log.clear()
             log.extend(kept)
         self.cluster.table_dropped(name)
+
+    def _to_every_node(self, header: dict) -> None:
+        """Send a table's create or drop to every position at once, after the claim in the store: the map is
+        read again (a spare installed before the claim got the tables as they were then), and a node that
+        dies meanwhile is failed over and what stands at its position is asked too."""
+        self.cluster.refresh()
+        self._catch_up()
+        pending = self._positions()
+        while pending:
+            failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
+            for q in failed:
+                self._lost(q)
+            self._catch_up()
+            pending = [q for q in failed if self._state(q) != "dead"]
 
     @_open
     def tables(self) -> dict:

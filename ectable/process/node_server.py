@@ -42,11 +42,11 @@ class NodeServer(NodeHost):
     def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None, token: str | None = None,
                  membership: dict | None = None):
         self.context = zmq.Context()
-        self.curve, self.parent = curve, parent
+        self.parent = parent
         self.auth = start_authenticator(self.context, curve)
         self.router = make_socket(self.context, zmq.ROUTER, curve, server=True)
         super().__init__(bind_to(self.router, bind), token)
-        self.keys = curve  # who may send what (`NodeHost.handle`)
+        self.keys = curve  # its own key pair (peers, rebuilder) and who may send what (`NodeHost.handle`)
         self.lazy_close = True
         self.membership = membership  # the [membership] section: where the cluster's store is
         self.presence: _Presence | None = None  # this node's presence in the store, once serving
@@ -91,7 +91,7 @@ class NodeServer(NodeHost):
         if (self.rebuilder is not None and self.rebuilder.is_alive()) or time.monotonic() < self.next_rebuilder:
             return
         self.next_rebuilder = time.monotonic() + 1.0
-        self.rebuilder = Rebuilder(self.membership, self.curve, node.position, node.source)
+        self.rebuilder = Rebuilder(self.membership, self.keys, node.position, node.source)
         self.rebuilder.start()
 
     def leave(self) -> None:
@@ -211,7 +211,7 @@ class NodeServer(NodeHost):
     def _peer(self, target: int) -> zmq.Socket:
         sock = self.peers.get(target)
         if sock is None:
-            sock = make_socket(self.context, zmq.DEALER, self.curve, immediate=False)
+            sock = make_socket(self.context, zmq.DEALER, self.keys, immediate=False)
             sock.connect(self.endpoints[target])
             self.peers[target] = sock
             self.poller.register(sock, zmq.POLLIN)

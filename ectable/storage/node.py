@@ -390,8 +390,7 @@ class Node:
             self.retained.add(source, msg.window, msg.durable, [(w[0].spec.name, *w[1:4]) for w in work], self.clock())
         clients = msg.clients
         if isinstance(clients, dict):  # the marks of the clients that wrote in that window: the others stand
-            marks = self.applied_clients.setdefault(source, {})
-            marks.update((c, v) for c, v in clients.items() if isinstance(c, str) and isinstance(v, int))
+            self.applied_clients.setdefault(source, {}).update(_marks(clients))
         return {"ack": seq}, []
 
     def apply_queued(self) -> None:
@@ -424,7 +423,7 @@ class Node:
         self.fenced.add(source)  # none of its deltas may land after this
         for name, ids, delta, slots in self.retained.take_after(source, window):
             self.shards[name].apply_delta(ids, delta, slots)  # rows not rebuilt yet are rebuilt from data
-        self.applied_clients[source] = {c: v for c, v in msg.clients.items() if isinstance(c, str) and isinstance(v, int)}
+        self.applied_clients[source] = _marks(msg.clients)
         return {}, []
 
     def _replaced(self, msg) -> bool:
@@ -503,9 +502,7 @@ class Node:
                 for source, m in marks.items():
                     if source in cut and isinstance(m, dict):
                         have = self.applied_clients.setdefault(source, {})
-                        for c, v in m.items():
-                            if isinstance(c, str) and isinstance(v, int) and v > have.get(c, 0):
-                                have[c] = v
+                        have.update((c, v) for c, v in _marks(m).items() if v > have.get(c, 0))
         else:
             keys = self._ids(shard, keys)
             if values.dtype != np.float32 or values.shape != (keys.size, shard.width):
@@ -657,3 +654,8 @@ class Node:
             self.acked(*key)
         self.outbox = [msg for msg in self.outbox if msg[0] != target]
         self._next_seq.pop(target, None)
+
+
+def _marks(clients: dict) -> dict:
+    """{client id: last write} as sent, without entries of the wrong types."""
+    return {c: v for c, v in clients.items() if isinstance(c, str) and isinstance(v, int)}

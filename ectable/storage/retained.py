@@ -6,8 +6,8 @@ the lowest window any of them holds (`Node.op_rollback`), so that the parity hol
 agree again, and nobody has to forget parity rows. Rolling back needs the raw deltas of the windows
 above that level. A holder keeps them until the sender says every target acknowledged them
 (`durable` in its deltas), for at most RETAINED_SECONDS, and for at most RETAINED_WINDOWS windows
-and RETAINED_ROWS rows per sender. A holder that no longer keeps a window cannot roll back below it, and the decider then
-invalidates parity rows instead, as it did before.
+and RETAINED_ROWS rows per sender. A holder that no longer keeps a window cannot roll back below
+it, and the decider then invalidates parity rows instead, as it did before.
 """
 from __future__ import annotations
 
@@ -23,18 +23,19 @@ class Retained:
 
     def __init__(self):
         self.level: dict[str, int] = {}  # source -> the window of its last delta taken here
-        self.windows: dict[str, deque] = {}  # source -> (window, arrival, [(table, ids, delta, slots)]), oldest first
+        self.windows: dict[str, deque] = {}  # source -> (window, arrival, [(table, ids, delta, slots)], rows), oldest first
 
     def add(self, source: str, window: int, durable: int | None, parts: list, now: float) -> None:
         """Keep window `window` of `source` (its deltas arrive in order); forget what every holder has."""
         log = self.windows.setdefault(source, deque())
         if self.level.get(source, window - 1) != window - 1:
             log.clear()  # not the next window: the older ones no longer lead up to it
-        log.append((window, now, parts))
+        log.append((window, now, parts, sum(part[1].size for part in parts)))
         self.level[source] = window
+        rows = sum(entry[3] for entry in log)
         while log and (isinstance(durable, int) and log[0][0] <= durable or len(log) > RETAINED_WINDOWS
-                       or sum(part[1].size for _, _, parts in log for part in parts) > RETAINED_ROWS):
-            log.popleft()
+                       or rows > RETAINED_ROWS):
+            rows -= log.popleft()[3]
         for kept in self.windows.values():
             while kept and now - kept[0][1] > RETAINED_SECONDS:
                 kept.popleft()
@@ -47,12 +48,13 @@ class Retained:
     def forget(self, table: str) -> None:
         """Drop every kept delta of `table` (it was dropped: rolling back never touches it again)."""
         for log in self.windows.values():
-            for n, (window, arrival, parts) in enumerate(log):
-                log[n] = (window, arrival, [part for part in parts if part[0] != table])
+            for n, (window, arrival, parts, _) in enumerate(log):
+                parts = [part for part in parts if part[0] != table]
+                log[n] = (window, arrival, parts, sum(part[1].size for part in parts))
 
     def take_after(self, source: str, window: int) -> list:
-        """Remove and return the (table, ids, delta, delta slots) parts of `source`'s windows after `window`; its level
-        becomes `window`. The caller checked `kept(source) <= window`."""
+        """Remove and return the (table, ids, delta, delta slots) parts of `source`'s windows after `window`;
+        its level becomes `window`. The caller checked `kept(source) <= window`."""
         log = self.windows.get(source, deque())
         parts = []
         while log and log[-1][0] > window:
