@@ -12,9 +12,8 @@ from ectable.testing import sim
 
 SEEDS = 250
 # Seeds that fail, each replaying an open bug (docs/design.md, "Known limits, open"): a seed that starts
-# failing, or a listed one that starts passing, fails the test, so the list stays exact. xor 177: the split
-# degraded write (a lost delta sent again after its promise ran out; also rs 695 and xor 289 past SEEDS).
-KNOWN: dict[str, set] = {"xor": {177}, "rs": set()}
+# failing, or a listed one that starts passing, fails the test, so the list stays exact.
+KNOWN: dict[str, set] = {"xor": set(), "rs": set()}
 
 
 @pytest.mark.timeout(1200)
@@ -43,7 +42,11 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
          ("rs", 859, "a node died with its last window at some holders only; the laggards forgot their parity "
                      "rows of its stripes, and a second loss left a stripe short of k slots (Unavailable)"),
          ("rs", 254, "a degraded write's delta to a holder that had died meanwhile was sent again and again "
-                     "without waiting (the holder was dead already when the delta started): a livelock")]
+                     "without waiting (the holder was dead already when the delta started): a livelock"),
+         ("rs", 695, "a split degraded write: its delta to one holder was lost and sent again only at the request's "
+                     "deadline, after that holder's promise ran out; refused there, the write went again to the "
+                     "replacement, and holders that had taken the first attempt held it twice (also xor 177)"),
+         ("xor", 289, "the split degraded write of rs 695, on xor")]
 
 
 @pytest.mark.timeout(300)

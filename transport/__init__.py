@@ -5,8 +5,8 @@ implementation calls the node's logic directly (for `processes=False`); the
 ZeroMQ one (next) carries the same messages as a msgpack header frame plus raw
 array frames.
 """
-from .base import Channel, Done, Pending
+from .base import RESEND_AFTER, Channel, Done, Pending, Resends
 from .inprocess import InProcessChannel
 from .zeromq import ZmqChannel
 
-__all__ = ["Channel", "Pending", "Done", "InProcessChannel", "ZmqChannel"]
+__all__ = ["RESEND_AFTER", "Channel", "Pending", "Done", "Resends", "InProcessChannel", "ZmqChannel"]

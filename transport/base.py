@@ -4,6 +4,28 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 
+RESEND_AFTER = 1.0  # seconds an unanswered request waits before it is sent again (then twice as long, ...)
+RESEND_MAX = 8.0
+
+
+class Resends:
+    """When an unanswered request goes out again: RESEND_AFTER seconds after it was sent, then after twice
+    as long each time, at most RESEND_MAX apart. A message lost on the way (a connection that broke)
+    then costs a second, not the request's whole deadline; nodes take a request twice as they take
+    it once (writes, deltas and replays carry their numbers)."""
+
+    def __init__(self, now: float):
+        self.at, self.gap = now + RESEND_AFTER, RESEND_AFTER
+
+    def due(self, now: float) -> bool:
+        """Whether to send again now (and when next)."""
+        if now < self.at:
+            return False
+        self.gap = min(2 * self.gap, RESEND_MAX)
+        self.at = now + self.gap
+        return True
+
+
 class Pending(ABC):
     """A request on its way; `wait` returns its reply."""
 
@@ -27,7 +49,8 @@ class Channel(ABC):
 
     `start` sends a header (a small dict of plain values) and a list of numpy arrays
     and returns at once; `Pending.wait` returns the node's reply in the same form, or
-    raises `ectable.NodeDown` when the node cannot be reached in time. Starting
+    raises `ectable.NodeDown` when the node cannot be reached in time. A transport that
+    can lose messages sends an unanswered request again (`Resends`) while it waits. Starting
     requests to many nodes before waiting on any is how a client fans out in parallel.
     Error replies come back as headers with an "error" key; turning them into
     exceptions is the caller's business. A channel belongs to one thread.

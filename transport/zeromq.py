@@ -9,7 +9,7 @@ import zmq
 
 from ..errors import AuthenticationFailed, NodeDown
 from . import codec
-from .base import Channel, Pending
+from .base import Channel, Pending, Resends
 
 POLL = 0.05  # seconds between liveness checks while waiting
 HWM = 1000
@@ -86,6 +86,7 @@ class ZmqChannel(Channel):
         self.connect_timeout = connect_timeout
         self._ids = itertools.count(1)
         self._replies: dict[int, tuple] = {}
+        self._waiting: set[int] = set()  # requests whose replies are still wanted
         self._sock = self._monitor = None
         self._failed_handshakes = 0
 
@@ -122,7 +123,8 @@ class ZmqChannel(Channel):
         while True:
             try:
                 self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                return _ZmqPending(self, rid)
+                self._waiting.add(rid)
+                return _ZmqPending(self, rid, frames)
             except zmq.Again:  # not connected (yet): IMMEDIATE refuses to queue
                 self._check_handshake()
                 if time.monotonic() > deadline or (self._alive and not self._alive()):
@@ -130,25 +132,36 @@ class ZmqChannel(Channel):
                     raise NodeDown(f"{self.endpoint} does not accept requests") from None
                 time.sleep(0.005)
 
-    def _wait(self, rid, timeout):
-        deadline = time.monotonic() + timeout
-        while rid not in self._replies:
-            left = deadline - time.monotonic()
-            if self._alive and not self._alive():
-                self._reset()
-                raise NodeDown(f"{self.endpoint} died (it is no longer a live member) before it answered")
-            if left <= 0:
-                self._check_handshake()
-                self._reset()
-                raise NodeDown(f"{self.endpoint} did not answer within {timeout} s")
-            sock = self._socket()
-            if sock.poll(int(min(left, POLL) * 1000)):
-                try:
-                    header, arrays = codec.decode(sock.recv_multipart(copy=False))
-                except codec.Malformed:
-                    continue
-                self._replies[header.get("id")] = (header, arrays)
-        return self._replies.pop(rid)
+    def _wait(self, rid, frames, timeout):
+        now = time.monotonic()
+        deadline, resends = now + timeout, Resends(now)
+        try:
+            while rid not in self._replies:
+                now = time.monotonic()
+                left = deadline - now
+                if self._alive and not self._alive():
+                    self._reset()
+                    raise NodeDown(f"{self.endpoint} died (it is no longer a live member) before it answered")
+                if left <= 0:
+                    self._check_handshake()
+                    self._reset()
+                    raise NodeDown(f"{self.endpoint} did not answer within {timeout} s")
+                sock = self._socket()
+                if resends.due(now):  # lost with a connection that broke, maybe: the node takes it twice alike
+                    try:
+                        sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        pass  # not connected: the next resend, or the deadline
+                if sock.poll(int(max(min(left, POLL, resends.at - now), 0.001) * 1000)):
+                    try:
+                        header, arrays = codec.decode(sock.recv_multipart(copy=False))
+                    except codec.Malformed:
+                        continue
+                    if header.get("id") in self._waiting:  # a reply to a copy already answered is dropped
+                        self._replies[header["id"]] = (header, arrays)
+            return self._replies.pop(rid)
+        finally:
+            self._waiting.discard(rid)
 
     def _reset(self):
         """Forget the socket: late replies of a dead or slow node must not be read as new ones."""
@@ -158,6 +171,7 @@ class ZmqChannel(Channel):
             self._sock.close(0)
             self._sock = self._monitor = None
         self._replies.clear()
+        self._waiting.clear()
         self._failed_handshakes = 0
 
     def close(self):
@@ -165,8 +179,8 @@ class ZmqChannel(Channel):
 
 
 class _ZmqPending(Pending):
-    def __init__(self, channel, rid):
-        self.channel, self.rid = channel, rid
+    def __init__(self, channel, rid, frames):
+        self.channel, self.rid, self.frames = channel, rid, frames
 
     def wait(self, timeout):
-        return self.channel._wait(self.rid, timeout)
+        return self.channel._wait(self.rid, self.frames, timeout)

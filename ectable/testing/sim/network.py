@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ...errors import NodeDown
 from ...process.control import Control
-from ...transport import Channel, Pending, codec
+from ...transport import Channel, Pending, Resends, codec
 from .world import World
 
 STORM = 200_000  # messages in one run beyond which a run is failed as a livelock (runs send a few thousand)
@@ -101,8 +101,9 @@ class SimChannel(Channel):
     def start(self, header, arrays):
         rid = next(self._ids)
         self._waiting.add(rid)
-        self.network.request(self.owner, self.endpoint, codec.encode({**header, "id": rid}, arrays), self._reply)
-        return _SimPending(self, rid)
+        frames = codec.encode({**header, "id": rid}, arrays)
+        self.network.request(self.owner, self.endpoint, frames, self._reply)
+        return _SimPending(self, rid, frames)
 
     def _reply(self, frames) -> None:
         try:
@@ -114,9 +115,9 @@ class SimChannel(Channel):
             self._waiting.discard(rid)
             self._replies[rid] = (header, arrays)
 
-    def _wait(self, rid, timeout):
+    def _wait(self, rid, frames, timeout):
         world = self.network.world
-        deadline = world.now + timeout
+        deadline, resends = world.now + timeout, Resends(world.now)
         alive = self._alive
         while rid not in self._replies:
             if alive is not None and not alive():
@@ -125,16 +126,18 @@ class SimChannel(Channel):
             if world.now >= deadline:
                 self._waiting.discard(rid)
                 raise NodeDown(f"{self.endpoint} did not answer within {timeout} s")
-            world.run_until(lambda: rid in self._replies, min(deadline, world.now + 0.2))
+            if resends.due(world.now):  # as `ZmqChannel` does
+                self.network.request(self.owner, self.endpoint, frames, self._reply)
+            world.run_until(lambda: rid in self._replies, min(deadline, world.now + 0.2, resends.at))
         return self._replies.pop(rid)
 
 
 class _SimPending(Pending):
-    def __init__(self, channel: SimChannel, rid: int):
-        self.channel, self.rid = channel, rid
+    def __init__(self, channel: SimChannel, rid: int, frames: list):
+        self.channel, self.rid, self.frames = channel, rid, frames
 
     def wait(self, timeout):
-        return self.channel._wait(self.rid, timeout)
+        return self.channel._wait(self.rid, self.frames, timeout)
 
 
 class SimControl(Control):
