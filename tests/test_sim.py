@@ -46,7 +46,13 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
          ("rs", 695, "a split degraded write: its delta to one holder was lost and sent again only at the request's "
                      "deadline, after that holder's promise ran out; refused there, the write went again to the "
                      "replacement, and holders that had taken the first attempt held it twice (also xor 177)"),
-         ("xor", 289, "the split degraded write of rs 695, on xor")]
+         ("xor", 289, "the split degraded write of rs 695, on xor"),
+         ("rs", 307, "a holder re-read for some of its stripes only reported newer delta counts, taken for its other "
+                     "stripes' parity read a round earlier: a replacement's row decoded from parity and data of "
+                     "different moments (parity stale after a flush)"),
+         ("rs", 488, "a node died before its first window reached every holder; the holder that took none of its "
+                     "deltas had no known level, so no rollback: holders forgot parity rows, and a second loss "
+                     "left a stripe short of k slots (Unavailable); also rs 684 and rs 985")]
 
 
 @pytest.mark.timeout(300)

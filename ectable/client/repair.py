@@ -129,13 +129,17 @@ class Repair:
     @staticmethod
     def _inconsistent(nodes, read, lagging, ahead, k, versions) -> np.ndarray:
         """Slots to read again: parity of `lagging` holders, or of holders with fewer degraded writes than
-        another holder of the stripe read (one is on its way to them), and data of nodes `ahead`."""
+        another holder of the stripe read (one is on its way to them), and data of nodes `ahead`. A holder
+        read again is read again whole (all its parity slots of the cut): what one reply says it applied
+        holds only for the slots that reply carried."""
         again = np.zeros(read.shape, dtype=bool)
         again[:, :k] = np.isin(nodes[:, :k], list(ahead))
         again[:, k:] = np.isin(nodes[:, k:], list(lagging))
         counts = np.where(read[:, k:], versions[:, k:], -1)
         again[:, k:] |= read[:, k:] & (counts < counts.max(axis=1, keepdims=True))
-        return again & read
+        again &= read
+        again[:, k:] |= np.isin(nodes[:, k:], np.unique(nodes[:, k:][again[:, k:]])) & read[:, k:]
+        return again
 
     def _read(self, cuts: dict) -> None:
         """Read every cut's `read` slots into its blocks, one request per node, kind and table, all in
@@ -170,7 +174,7 @@ class Repair:
             if kind == "data":
                 marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
                 peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
-                cut["senders"][node] = (reply["source"], reply["sent"], marks, peers)
+                cut["senders"][node] = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
             else:
                 cut["holders"][node] = reply["applied"]
 
@@ -304,10 +308,11 @@ class Repair:
             rows = np.ascontiguousarray(blocks[np.arange(stripes[table].size), slot])
             counts = self._degraded_counts(table, layout, stripes[table], counts, position)
             cut = {source: int(sent.get(str(position), 0)) for source, sent, *_ in senders.values()}
-            marks = {source: m for source, _, m, _ in senders.values()}  # which writes the rebuilt rows hold
-            seen = {source: peers.get(str(position)) for source, _, _, peers in senders.values()}
+            marks = {source: m for source, _, m, *_ in senders.values()}  # which writes the rebuilt rows hold
+            seen = {source: peers.get(str(position)) for source, _, _, peers, _ in senders.values()}
+            windows = {source: window for source, _, _, _, window in senders.values()}
             header = Restore(table=table, kind="parity", cut=cut, generation=generation, node=self._node(position),
-                             marks=marks, seen=seen).header()
+                             marks=marks, seen=seen, windows=windows).header()
             wait, deadline = 0.001, clock.monotonic() + 5.0
             while True:
                 try:

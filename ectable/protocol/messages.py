@@ -249,13 +249,14 @@ class Restore(Request):
     """Rebuilt data records (`kind` "data"; arrays: ids, records) or parity rows ("parity"; arrays:
     stripes, rows) read at `cut` (source -> delta number) and the node's `generation`; `seen`: which
     identity each source then took for the restoring node's position (its delta numbers count deltas
-    sent to that one)."""
+    sent to that one); `windows`: the window each source's data was read at."""
     table: str
     kind: str = "data"
     cut: dict = dataclasses.field(default_factory=dict)
     generation: int | None = None
     marks: dict | None = None
     seen: dict | None = None
+    windows: dict | None = None
     node: str | None = None
 
 

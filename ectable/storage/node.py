@@ -80,7 +80,7 @@ class Node:
         self.client_writes: dict[str, tuple[int, int]] = {}  # client id -> (its last write, our seq for it)
         self.window_clients: dict[str, int] = {}  # client id -> its last write in the open window
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
-        self.retained = Retained()  # other nodes' recent windows, to roll back to if their sender dies
+        self.retained = Retained(None if rebuilding else 0)  # others' recent windows, to roll back to if their sender dies
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
         self.queued_rows = 0
         self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
@@ -199,7 +199,8 @@ class Node:
         rows = shard.read(ids, committed=committed, records=msg.records)
         if committed:  # with the deltas that carried them: a reader can check its cut against parity holders
             return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()},
-                    "peers": {str(t): s for t, s in self.sources.items()}, "marks": self.closed_marks}, [rows]
+                    "peers": {str(t): s for t, s in self.sources.items()}, "marks": self.closed_marks,
+                    "window": self.closed_windows}, [rows]
         return {}, [rows]
 
     def op_get_many(self, msg, arrays):
@@ -410,13 +411,13 @@ class Node:
         and the lowest window this node can roll back to (None: it took no window of `source`)."""
         if msg.fence and msg.source is not None:
             self.fenced.add(msg.source)  # asked by a reconcile: the answer must stay true
-        return {"clients": self.applied_clients.get(msg.source, {}), "window": self.retained.level.get(msg.source),
+        return {"clients": self.applied_clients.get(msg.source, {}), "window": self.retained.level_of(msg.source),
                 "kept": self.retained.kept(msg.source)}, []
 
     def op_rollback(self, msg, arrays):
         """Take dead node `source`'s windows after `window` back out of parity (see `retained`)."""
         source, window = msg.source, msg.window
-        level, kept = self.retained.level.get(source), self.retained.kept(source)
+        level, kept = self.retained.level_of(source), self.retained.kept(source)
         if level is None or level < window or kept > window:
             raise InvalidRequest(f"cannot roll {source!r}'s deltas back to window {window}: "
                                  f"at window {level}, kept back to {kept}")
@@ -497,6 +498,10 @@ class Node:
             later = [(ids, delta) for source, seq in cut.items() for n, _, name, ids, delta
                      in self.skipped.get(source, ()) if n > seq and name == shard.spec.name]
             shard.restore_parity(keys, values, versions[0], later)
+            if isinstance(msg.windows, dict):  # the window each source's data was read at
+                for source, window in msg.windows.items():
+                    if source in cut and isinstance(window, int):
+                        self.retained.restored(source, window)
             marks = msg.marks
             if isinstance(marks, dict):  # rebuilt rows hold each source's windows up to the cut: so must its marks
                 for source, m in marks.items():
@@ -620,6 +625,7 @@ class Node:
         if self.rebuilding and all(s.missing_data is None for s in self.shards.values()):
             self.rebuilding = False
             self.skipped.clear()
+            self.retained.base = 0  # every row rebuilt: a sender first heard of now starts at window 0 here
 
     def rebuild_progress(self) -> dict:
         """Rows rebuilt and left, the rate since rebuilding began (rows/s), and the time left at that rate."""

@@ -127,6 +127,7 @@ class SimChannel(Channel):
                 self._waiting.discard(rid)
                 raise NodeDown(f"{self.endpoint} did not answer within {timeout} s")
             if resends.due(world.now):  # as `ZmqChannel` does
+                world.note(f"resend {codec.decode(frames)[0].get('op')} request {rid} to {self.endpoint}")
                 self.network.request(self.owner, self.endpoint, frames, self._reply)
             world.run_until(lambda: rid in self._replies, min(deadline, world.now + 0.2, resends.at))
         return self._replies.pop(rid)
