@@ -112,7 +112,20 @@ def test_a_reconcile_too_large_to_record_only_leaves_failing():
 def test_a_dead_nodes_holders_roll_back_to_the_lowest_window_any_holds():
     assert plans.rollback_level({0: 5, 1: 4, 3: 5}, {0: 3, 1: 4, 3: 4}) == 4
     assert plans.rollback_level({0: 5, 1: 4, 3: 5}, {0: 3, 1: 4, 3: 5}) is None  # node 3 no longer keeps window 5
-    # node 1 took none of the dead node's deltas: its parity rows were rebuilt from its data at various moments,
-    # and may be its stripes' only holder (xor): the decider falls back to forgetting only rows behind
+    # node 1's level is unknown (a spare rebuilding that took none of the dead node's deltas): its parity rows
+    # were rebuilt from its data at various moments, and may be its stripes' only holder (xor): the decider
+    # falls back to forgetting only rows behind
     assert plans.rollback_level({0: 5, 1: None, 3: 4}, {0: 4, 1: None, 3: 4}) is None
     assert plans.rollback_level({0: 2, 1: 2}, {0: 2, 1: 2}) == 2
+
+
+def test_only_the_holders_of_a_dead_nodes_stripes_decide_how_far_back_to_roll():
+    """A survivor holding no parity of the dead position's stripes has no say (found by simulation seed xor 299:
+    a spare that held none reported window 0, and the holders took out a window every target had acknowledged,
+    whose writes no client kept any more)."""
+    spec = TableSpec.from_config({"name": "t", "num_rows": 12, "dim": 2, "seed": 0,
+                                  "optimizer": {"name": "sgd", "lr": 0.1, "eps": 1e-8}, "init": {"kind": "zeros"}})
+    layout = ClusterConfig(nodes=6, code="xor", k=4, r=1).layout(spec)
+    stripes, holders = plans.reconcile_stripes(layout, 4)
+    assert plans.parity_holders([layout], 4) == set(holders.reshape(-1).tolist())
+    assert 4 not in plans.parity_holders([layout], 4) and plans.parity_holders([], 4) == set()

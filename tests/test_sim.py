@@ -52,7 +52,9 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
                      "different moments (parity stale after a flush)"),
          ("rs", 488, "a node died before its first window reached every holder; the holder that took none of its "
                      "deltas had no known level, so no rollback: holders forgot parity rows, and a second loss "
-                     "left a stripe short of k slots (Unavailable); also rs 684 and rs 985")]
+                     "left a stripe short of k slots (Unavailable); also rs 684 and rs 985"),
+         ("xor", 299, "with rs 488's fix, a spare holding no parity of the dead node's stripes reported window 0, and "
+                      "the holders took out a window every target had acknowledged (writes no client kept)")]
 
 
 @pytest.mark.timeout(300)

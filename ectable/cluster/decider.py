@@ -142,13 +142,16 @@ class Decider:
         tables = self._tables(m)
         if tables is None:
             return False  # nobody to ask for the tables now: try again at the next step
-        floor = plans.rollback_level({q: reply.get("window") for q, reply in replies.items()},
-                                     {q: reply.get("kept") for q, reply in replies.items()})
+        config = ClusterConfig(**m.config)
+        layouts = [config.layout(TableSpec.from_config(spec)) for spec in tables]
+        holding = [q for q in survivors if q in plans.parity_holders(layouts, p)]  # the others' levels are moot
+        floor = plans.rollback_level({q: replies[q].get("window") for q in holding},
+                                     {q: replies[q].get("kept") for q in holding})
         score = None  # with a floor, no parity row is forgotten
-        if floor is not None:  # every survivor goes back to the lowest window any holds
-            base = next(marks[q] for q in survivors if replies[q]["window"] == floor)
+        if floor is not None:  # every holder goes back to the lowest window any holds
+            base = next(marks[q] for q in holding if replies[q]["window"] == floor)
             ok, failed = self._ask({m.endpoints[q]: (Rollback(source=source, window=floor, clients=base).header(), [])
-                                    for q in survivors if replies[q]["window"] > floor})
+                                    for q in holding if replies[q]["window"] > floor})
             if failed:
                 return self._unanswered(m, failed)
             marks = dict.fromkeys(survivors, base)
@@ -156,10 +159,9 @@ class Decider:
             score = np.full(m.nodes, -1, dtype=np.int64)  # how much of p's writes each survivor's parity holds
             for q in survivors:
                 score[q] = sum(marks[q].values())
-        config = ClusterConfig(**m.config)
         new, lacking = m, []
-        for spec in tables:
-            new, failed, lack = self._forget_stale(new, config.layout(TableSpec.from_config(spec)), spec["name"], p, score)
+        for spec, layout in zip(tables, layouts):
+            new, failed, lack = self._forget_stale(new, layout, spec["name"], p, score)
             if failed:
                 return self._unanswered(m, failed)
             lacking += [[q, spec["name"], stripes.tolist()] for q, stripes in lack.items() if stripes.size]

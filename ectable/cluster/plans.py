@@ -79,6 +79,11 @@ def reconcile_stripes(layout: Layout, p: int) -> tuple[np.ndarray, np.ndarray]:
     return stripes, holders
 
 
+def parity_holders(layouts: list, p: int) -> set[int]:
+    """The positions holding parity of some stripe position p holds data in, in any of `layouts`."""
+    return {int(q) for layout in layouts for q in np.unique(reconcile_stripes(layout, p)[1])}
+
+
 def rollback_level(windows: dict, kept: dict) -> int | None:
     """The window of a dead node's deltas every survivor can go back to: the lowest any holds, if each
     one above it still keeps its deltas since (`windows`, `kept`: {survivor: window, or None if it took
