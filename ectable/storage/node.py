@@ -408,7 +408,7 @@ class Node:
 
     def op_applied(self, msg, arrays):
         """Per client, the last write whose delta from `source` this node holds; the window of that delta
-        and the lowest window this node can roll back to (None: it took no window of `source`)."""
+        and the lowest window this node can roll back to (None: not known, see `Retained.level_of`)."""
         if msg.fence and msg.source is not None:
             self.fenced.add(msg.source)  # asked by a reconcile: the answer must stay true
         return {"clients": self.applied_clients.get(msg.source, {}), "window": self.retained.level_of(msg.source),
