@@ -202,12 +202,12 @@ def test_clients_that_write_and_close_leave_bounded_bookkeeping_and_a_later_kill
 @pytest.mark.parametrize("how", ["revoked", "no keep-alive answers"])
 def test_a_writer_whose_lease_lapsed_refuses_writes_and_a_new_connection_writes(tmp_path, how):
     """A writer whose lease was revoked (the store expired it), or whose keep-alives got no answer for the
-    lease's time, fences itself: its clients' writes raise an Error saying so and change nothing; a client
-    connected afresh writes."""
+    lease's time plus half the writer grace, fences itself: its clients' writes raise an Error saying so
+    and change nothing; a client connected afresh writes."""
     from ectable.cluster.maps import WRITER_TTL
     from ectable.membership import MembershipUnavailable
 
-    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1) as cluster:
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, writer_grace=6.0) as cluster:
         toml = tmp_path / "cluster.toml"
         toml.write_text(ectable.config.dumps(cluster.describe()))
         reader = cluster.connect()
