@@ -31,6 +31,7 @@ class ClusterConfig:
     window_seconds: float = 0.25  # ...or its oldest write is this old (a timer on the node closes it)
     rebuild_batch: int = 1 << 15  # rows (and parity rows) a rebuilding node pulls per round
     rebuild_share: float = 0.5  # of its time a rebuilding node spends pulling: it rests the rest
+    writer_grace: float = 30.0  # nodes forget a writer's clients once it was this long out of the live writers
 
     def make_code(self):
         return get_code(self.code, self.k, self.r)

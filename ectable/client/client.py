@@ -10,12 +10,14 @@ from ..config import DEADLINE
 from ..errors import Error, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable
 from .repair import Repair
 from ..protocol import messages as m, validate
-from ..protocol.messages import ErrorCode
+from ..protocol.messages import ErrorCode, writer_of
 from ..storage.shard import NotRebuilt
 from ..storage.table import TableSpec
 
 CREATE_DEADLINE = 120.0  # a node allocates a new table (its rows are computed when first used)
 REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
+LAPSED = ("this client's writer lease expired (its process lost the membership store for too long), so nodes "
+          "no longer take its writes: connect again (a new client)")
 REPLAY_WAIT = 15.0  # longest a client waits for a replacement to apply every writer's replays
 
 
@@ -66,7 +68,8 @@ class Client:
         self.repair = Repair(self)
         self.rebuild_budget = REBUILD_BUDGET
         self._steps: dict = {}  # step requests whose replies are not collected yet
-        self.cid = clock.token_hex(8)  # names this client's writes in the nodes' deltas
+        self._token = clock.token_hex(8)
+        self.cid: str | None = None  # "writer/token" from its first write: names its writes in the nodes' deltas
         self._cseq = 0
         self._writer: str | None = None
         self._closed = False
@@ -279,6 +282,8 @@ class Client:
     def _write(self, batch: dict) -> None:
         """Write {table: (kind, ids, values)}: one request per node, in parallel."""
         self._catch_up()
+        if self._writer is not None and self.cluster.writer_lapsed(self._writer):
+            raise Error(LAPSED)
         parts = self._parts({table: ids for table, (_, ids, _) in batch.items()})
         for p, ps in parts.items():  # refuse before writing anything if some rows cannot be served
             if self._state(p) == "dead":
@@ -298,6 +303,7 @@ class Client:
         """A write to node p, kept in the redo log from before it is sent until its parity is safe."""
         if self._writer is None:
             self._writer = self.cluster.writer_id()  # replacements wait for this writer's replays
+            self.cid = f"{self._writer}/{self._token}"
         self._cseq += 1
         entry = _Write(writes, self.cid, self._cseq)
         self._log[p].append(entry)
@@ -647,6 +653,8 @@ class Client:
             raise Replaced(reply.get("message"))
         if error == ErrorCode.INVALID:
             raise InvalidRequest(reply["message"])
+        if error == ErrorCode.EXPIRED:
+            raise Error(f"node {p}: {LAPSED}")
         if error:
             raise Error(f"node {p}: {reply.get('message')}")
         durable = reply.get("durable")
@@ -677,7 +685,7 @@ class Client:
             self.cluster.wait_replaced(p)  # replays go to the spare, not into parity its rebuild may have read
         self._sources[p] = now = self.cluster.source(p)
         if now is None:
-            for entry in _in_node_order(self.cluster.replays.pop(p, [])):
+            for entry in _in_node_order([e for e in self.cluster.replays.pop(p, []) if not self._lapsed(e)]):
                 self._write_node(p, entry.writes)  # through the parity
         elif self.cluster.claim_checkin(now):
             self._replay(p, now)
@@ -703,7 +711,7 @@ class Client:
             held = self._parity_held(log, marks)
         replays = self.cluster.replays.setdefault(p, [])
         for entry in log:  # before the log lets go
-            writes = self._unapplied(entry, marks, held)
+            writes = self._unapplied(entry, marks, held) if not self._lapsed(entry) else None
             if writes:
                 replay = _Write(writes, entry.cid, entry.cseq)
                 replay.seq = entry.seq  # the dead node's order
@@ -712,10 +720,15 @@ class Client:
         for entry in log:
             entry.replayed = True
 
+    def _lapsed(self, entry) -> bool:
+        """Whether a logged write's writer lapsed: it is never replayed (nodes may have forgotten its marks,
+        and it would then apply twice); it is lost only if it is not durable yet, which takes a window."""
+        return self.cluster.writer_lapsed(writer_of(entry.cid))
+
     def _replay(self, p, source) -> None:
         """Replay this cluster object's writes for p into the replacement `source` (none: say so) and wait
         until it applied every live writer's; they stay in the redo log under its sequence numbers."""
-        entries = _in_node_order(self.cluster.replays.pop(p, []))
+        entries = _in_node_order([e for e in self.cluster.replays.pop(p, []) if not self._lapsed(e)])
         if not entries and not self.cluster.is_writer():
             return  # it never wrote (a reader, a rebuilder): nothing to replay, and no replacement waits for it
         replayer = self.cluster.writer_id()

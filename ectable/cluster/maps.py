@@ -64,6 +64,11 @@ class ClusterMap:
         """This object's name as a writer, registered before its first write."""
         return self.writer
 
+    def writer_lapsed(self, writer: str) -> bool:
+        """Whether `writer` (a name this object's `writer_id` gave) may no longer write: its lease lapsed, so
+        nodes may forget its clients' marks. Here, with no lease, never."""
+        return False
+
     def is_writer(self) -> bool:
         """Whether this object is a writer already (registered when a client of it first wrote): only
         writers are waited for by replacements, so only they check in with one."""
@@ -232,19 +237,24 @@ class StoredMap:
 
     writer: str | None = None
     _writer_lease: int | None = None
+    _fence: "WriterFence | None" = None  # when the writer's lease was last known alive (kept by a keeper)
 
     def writer_id(self) -> str:
-        """Registered in the store under a lease the first time: a replacement node then waits for this
-        object's replays (its clients' writes the dead node applied) before serving anyone."""
-        if self.writer is None:
+        """Registered in the store under a lease the first time (and again, under a new name, once that
+        lease lapsed): a replacement node then waits for this object's replays (its clients' writes the dead
+        node applied) before serving anyone."""
+        if self.writer is None or self.writer_lapsed(self.writer):
             writer = f"{clock.token_hex(8)}"
             self._writer_lease = self._keep_writer(writer)
             self.writer = writer
         return self.writer
 
+    def writer_lapsed(self, writer: str) -> bool:
+        return writer != self.writer or (self._fence is not None and self._fence.fenced(clock.monotonic()))
+
     def _keep_writer(self, writer: str) -> int:
         """Register `writer` under a lease that lasts as long as this object; the lease."""
-        lease = self.store.membership.grant(3600.0)  # in process: the writer lives as long as the nodes
+        lease = self.store.membership.grant(float("inf"))  # in process: the writer lives as long as the nodes
         self.store.register_writer(writer, lease)
         return lease
 
@@ -276,11 +286,14 @@ class ZmqStoredMap(StoredMap):
         return ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint))
 
     def _keep_writer(self, writer: str) -> int:
-        """A thread keeps the lease alive (over a connection of its own) until this object closes."""
-        keeper = _WriterLease(self.store.membership.endpoints, self.store, writer)
+        """A thread keeps the lease alive (over a connection of its own) until this object closes or the
+        lease lapses."""
+        if self._keeper is not None:  # the writer before, whose lease lapsed
+            self._keeper.close()
+        keeper = _WriterLease(self.store.membership.endpoints, self.store, writer, writer_patience(self.config))
         lease = keeper.lease
+        self._keeper, self._fence = keeper, keeper.fence
         keeper.start()
-        self._keeper = keeper
         return lease
 
     def _answers(self, p: int) -> bool:
@@ -330,13 +343,41 @@ class RemoteCluster(ZmqStoredMap, ClusterMap):
             self._detach()
 
 
-class _WriterLease(threading.Thread):
-    """Keeps a writer's registration alive every WRITER_TTL / 6 s; revokes it on close."""
+def writer_patience(config: ClusterConfig) -> float:
+    """How long a writer whose keep-alives get no answer goes on writing: its lease's time, plus half the
+    grace nodes give a writer gone from the store (an answer that the lease expired stops it at once)."""
+    return WRITER_TTL + config.writer_grace / 2
 
-    def __init__(self, endpoints: list[str], store: ClusterStore, writer: str):
+
+class WriterFence:
+    """Whether a writer may still write: not once its lease expired, nor once no keep-alive succeeded for
+    `patience` seconds (the store may have expired it meanwhile, and nodes forget its clients' marks
+    `writer_grace` after they last saw it: `patience` must stay well below WRITER_TTL + writer_grace)."""
+
+    def __init__(self, since: float, patience: float = WRITER_TTL):
+        self.alive_at = since  # when the last keep-alive that succeeded was sent
+        self.patience = patience
+        self.lost = False
+
+    def kept(self, sent: float) -> None:
+        """A keep-alive sent at `sent` found the lease alive."""
+        self.alive_at = max(self.alive_at, sent)
+
+    def fenced(self, now: float) -> bool:
+        """Whether the writer must stop writing (for good, once true)."""
+        self.lost = self.lost or now - self.alive_at > self.patience
+        return self.lost
+
+
+class _WriterLease(threading.Thread):
+    """Keeps a writer's registration alive every WRITER_TTL / 6 s until the lease lapses (`fence`); revokes
+    it on close."""
+
+    def __init__(self, endpoints: list[str], store: ClusterStore, writer: str, patience: float = WRITER_TTL):
         super().__init__(name="writer-lease", daemon=True)
         from ..membership.etcd import EtcdMembership
         self.store = ClusterStore(EtcdMembership(endpoints), store.prefix)
+        self.fence = WriterFence(clock.monotonic(), patience)
         self.lease = self.store.membership.grant(WRITER_TTL)
         self.store.register_writer(writer, self.lease)
         self.writer = writer
@@ -344,12 +385,20 @@ class _WriterLease(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.wait(WRITER_TTL / 6):
+            sent = clock.monotonic()
             try:
-                if not self.store.membership.keepalive(self.lease):  # it expired (the store was away): again
-                    self.lease = self.store.membership.grant(WRITER_TTL)
-                    self.store.register_writer(self.writer, self.lease)
+                if self.store.membership.keepalive(self.lease):
+                    self.fence.kept(sent)
+                else:  # it expired (the store was away): its clients stop writing; a new writer takes over
+                    self.fence.lost = True
             except MembershipUnavailable:
                 pass
+            if self.fence.fenced(clock.monotonic()):
+                try:
+                    self.store.membership.revoke(self.lease)  # so nodes see it gone (it may still be alive)
+                except Exception:  # the store is away: the lease expires on its own
+                    pass
+                return
 
     def close(self) -> None:
         self.halt.set()

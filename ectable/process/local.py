@@ -18,7 +18,7 @@ from .. import config as cluster_config, security
 from ..client import Client
 from ..cluster.decider import Decider
 from ..cluster.map import Map
-from ..cluster.maps import ClusterMap, StoredMap, ZmqStoredMap
+from ..cluster.maps import WRITER_TTL, ClusterMap, StoredMap, ZmqStoredMap
 from ..cluster.store import ClusterStore, open_store
 from ..config import ClusterConfig
 from ..errors import Error, NodeDown
@@ -27,7 +27,7 @@ from ..membership.server import EtcdServer
 from ..storage.node import Node
 from ..protocol.messages import Fault
 from .host import NodeHost
-from .node_server import TICK
+from .node_server import HEARTBEAT, TICK
 from ..transport import InProcessChannel, ZmqChannel
 
 DEFAULT_R = {"none": 0, "xor": 1, "rs": 2}
@@ -45,6 +45,10 @@ def _checked_config(nodes, code, k, r, spares, **tuning) -> ClusterConfig:
     window_seconds = tuning.get("window_seconds", ClusterConfig.window_seconds)
     if not (isinstance(window_seconds, (int, float)) and 0 < window_seconds < float("inf")):
         raise ValueError(f"window_seconds must be a positive number of seconds, got {window_seconds!r}")
+    grace = tuning.get("writer_grace", ClusterConfig.writer_grace)
+    if not (isinstance(grace, (int, float)) and 2 * WRITER_TTL <= grace < float("inf")):
+        raise ValueError(f"writer_grace must be at least {2 * WRITER_TTL} seconds (twice a writer's lease), "
+                         f"got {grace!r}")
     config = ClusterConfig(nodes, code, k, r, **tuning)
     config.make_code()  # reject bad codes now
     return config
@@ -65,7 +69,7 @@ class LocalCluster(ClusterMap):
 
     def __init__(self, nodes: int = 5, code: str = "xor", k: int = 4, r: int | None = None, spares: int = 0,
                  processes: bool = True, **tuning):
-        """`tuning`: window_rows, window_seconds, rebuild_batch, rebuild_share (see ClusterConfig)."""
+        """`tuning`: window_rows, window_seconds, rebuild_batch, rebuild_share, writer_grace (see ClusterConfig)."""
         super().__init__(_checked_config(nodes, code, k, r, spares, **tuning))
         self.processes = processes
         self._spares = spares
@@ -96,8 +100,14 @@ class InProcessCluster(StoredMap, LocalCluster):
         threading.Thread(target=self._timer, name="ectable-windows", daemon=True).start()
 
     def _timer(self) -> None:
+        beat = 0.0
         while not self._stopped.wait(TICK):
             with self.lock:
+                if time.monotonic() - beat >= HEARTBEAT:  # as a node process's presence thread reads them
+                    beat, writers = time.monotonic(), self.store.writers()
+                    for host in self._hosts.values():
+                        if host.alive and host.node is not None:
+                            host.node.expire_writers(writers)
                 closed = [host.expire_window() for host in self._hosts.values() if host.alive]
                 if any(closed):
                     try:

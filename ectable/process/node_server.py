@@ -50,6 +50,7 @@ class NodeServer(NodeHost):
         self.lazy_close = True
         self.membership = membership  # the [membership] section: where the cluster's store is
         self.presence: _Presence | None = None  # this node's presence in the store, once serving
+        self.writers_taken = 0  # the presence's read of the live writers the node last expired writers by
         self.rebuilder: Rebuilder | None = None
         self.next_rebuilder = 0.0
         self.peers: dict[int, zmq.Socket] = {}
@@ -137,6 +138,9 @@ class NodeServer(NodeHost):
             self.resend()
             if self.presence is not None:
                 self.follow_map(self.presence.map)  # the newest map its thread read
+                if self.node is not None and self.presence.writers_read != self.writers_taken:
+                    self.writers_taken = self.presence.writers_read
+                    self.node.expire_writers(self.presence.writers)  # only after a fresh read of them
                 if self.node is not None and self.node.replay_from is not None and self.presence.writers is not None:
                     self.node.keep_replayers(self.presence.writers)
             self.rebuild()
@@ -278,6 +282,7 @@ class _Presence(threading.Thread):
         self.announced: dict | None = None
         self.map = None  # the newest map read
         self.writers: set[str] | None = None  # the writers alive at the last read
+        self.writers_read = 0  # counts successful reads of `writers`
 
     def announce(self) -> None:
         """Publish this node's presence now if it changed (from any thread)."""
@@ -304,6 +309,7 @@ class _Presence(threading.Thread):
                 if latest is not None:
                     self.map = latest
                 self.writers = self.store.writers()
+                self.writers_read += 1
             except MembershipUnavailable:
                 pass  # the store is away: keep trying; the lease tells the others
             self.stop.wait(HEARTBEAT)

@@ -36,6 +36,12 @@ class ErrorCode(str, enum.Enum):
     REPLAYING = "replaying"  # a replacement waits for writers' replays: ask again shortly
     REPLACED = "replaced"  # a degraded write for a position that has a replacement now: write to it
     FORBIDDEN = "forbidden"  # the sender's key may not send this (see `ectable.security`)
+    EXPIRED = "expired"  # the writer's lease lapsed and nodes forgot its clients: it must connect again
+
+
+def writer_of(cid: str) -> str:
+    """The writer a client id names (`writer/token`; an id without a writer names itself)."""
+    return cid.partition("/")[0]
 
 
 def error(code: ErrorCode, message: str, **extra) -> dict:

@@ -17,7 +17,7 @@ from .. import clock as clocks
 from ..config import ClusterConfig
 from ..errors import InvalidRequest
 from ..protocol import messages, validate
-from ..protocol.messages import ErrorCode
+from ..protocol.messages import ErrorCode, writer_of
 from .retained import Retained
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
@@ -30,6 +30,8 @@ HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: wha
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
+GONE_SECONDS = 3600.0  # how long a forgotten writer's writes and replays are refused
+GONE_MAX = 1 << 16  # forgotten writers remembered at most (the oldest go first)
 
 
 
@@ -90,6 +92,8 @@ class Node:
         self.replay_buffer: list = []  # (dead node's seq, arrival, replayer, entry number, cid, cseq, writes)
         self.replayed: set[str] = set()  # writers that replayed here
         self.replay_seqs: dict[str, dict] = {}  # replayer -> entry number -> this node's seq for it
+        self.writer_seen: dict[str, float] = {}  # writer -> when last seen live or writing here
+        self.gone: dict[str, float] = {}  # writers forgotten (their lease lapsed) -> when, oldest first
 
     # -- dispatch --------------------------------------------------------
     def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
@@ -225,6 +229,8 @@ class Node:
         cid, cseq = msg.cid, msg.cseq
         if not (isinstance(cid, str) and len(cid) <= 64 and isinstance(cseq, int)):
             cid = cseq = None
+        elif self.gone and writer_of(cid) in self.gone:
+            return self._expired(writer_of(cid)), []
         elif cseq <= self.client_marks.get(cid, 0):  # a retry of a write applied here: apply it once
             last, seq = self.client_writes.get(cid, (0, 0))
             return {"seq": seq if cseq == last else self.write_seq, "duplicate": True}, []
@@ -272,6 +278,7 @@ class Node:
             shard.commit(local, rows)
         self.write_seq += 1
         if cid is not None:
+            self.writer_seen[writer_of(cid)] = self.clock()
             self.client_marks[cid] = max(cseq, self.client_marks.get(cid, 0))  # this client's writes so far
             self.window_clients[cid] = self.client_marks[cid]
             self.client_writes[cid] = (cseq, self.write_seq)
@@ -314,6 +321,10 @@ class Node:
         if not all(isinstance(e, list) and len(e) == 4 and (e[0] is None or isinstance(e[0], int))
                    and isinstance(e[1], str) and isinstance(e[2], int) for e in entries):
             raise InvalidRequest("replay entries must be [[seq, cid, cseq, parts], ...]")
+        if self.gone:
+            gone = next((w for w in (replayer, *(writer_of(e[1]) for e in entries)) if w in self.gone), None)
+            if gone is not None:
+                return self._expired(gone), []
         if replayer not in self.replayed:
             work, at = [], 0
             for seq, cid, cseq, parts in entries:
@@ -324,6 +335,7 @@ class Node:
                 raise InvalidRequest(f"replay carries {len(arrays)} arrays, its entries name {at}")
             self._need_rebuilt([(shard, ids) for w in work for shard, _, ids, _ in w])
             self.replayed.add(replayer)
+            self.writer_seen[replayer] = self.clock()
             for n, ((seq, cid, cseq, _), w) in enumerate(zip(entries, work)):
                 self.replay_buffer.append((seq, len(self.replay_buffer), replayer, n, cid, cseq, w))
             if self.replay_from is not None:
@@ -391,7 +403,7 @@ class Node:
             self.retained.add(source, msg.window, msg.durable, [(w[0].spec.name, *w[1:4]) for w in work], self.clock())
         clients = msg.clients
         if isinstance(clients, dict):  # the marks of the clients that wrote in that window: the others stand
-            self.applied_clients.setdefault(source, {}).update(_marks(clients))
+            self.applied_clients.setdefault(source, {}).update(self._marks(clients))
         return {"ack": seq}, []
 
     def apply_queued(self) -> None:
@@ -424,7 +436,7 @@ class Node:
         self.fenced.add(source)  # none of its deltas may land after this
         for name, ids, delta, slots in self.retained.take_after(source, window):
             self.shards[name].apply_delta(ids, delta, slots)  # rows not rebuilt yet are rebuilt from data
-        self.applied_clients[source] = _marks(msg.clients)
+        self.applied_clients[source] = self._marks(msg.clients)
         return {}, []
 
     def _replaced(self, msg) -> bool:
@@ -507,7 +519,7 @@ class Node:
                 for source, m in marks.items():
                     if source in cut and isinstance(m, dict):
                         have = self.applied_clients.setdefault(source, {})
-                        have.update((c, v) for c, v in _marks(m).items() if v > have.get(c, 0))
+                        have.update((c, v) for c, v in self._marks(m).items() if v > have.get(c, 0))
         else:
             keys = self._ids(shard, keys)
             if values.dtype != np.float32 or values.shape != (keys.size, shard.width):
@@ -651,8 +663,59 @@ class Node:
             "rebuild_missing": sum(s.missing_count() for s in shards),
             "rebuild": self.rebuild_progress() if self.rebuilding else {},
             "rejected": self.rejected,
+            "clients": len(self._clients()),
+            "writers": len(self.writer_seen),
+            "gone_writers": len(self.gone),
             "bytes": sum(s.nbytes() for s in shards),
         }
+
+    # -- per-client bookkeeping ---------------------------------------------
+    def _clients(self) -> set:
+        """Every client id this node keeps something for."""
+        cids = {*self.client_marks, *self.closed_marks, *self.client_writes, *self.window_clients}
+        for marks in self.applied_clients.values():
+            cids.update(marks)
+        return cids
+
+    def expire_writers(self, live) -> set:
+        """Forget the clients of writers missing from `live` (the writers alive, as just read from the store)
+        for longer than the config's `writer_grace`, counted from when this node last saw each live or
+        writing; remember them as gone (bounded, for GONE_SECONDS), so their writes and replays are refused
+        from then on. The writers forgotten now."""
+        now = self.clock()
+        known = {writer_of(c) for c in self._clients()} | self.replayed | set(self.replay_seqs)
+        seen = self.writer_seen
+        for w in known:
+            if w in live or w not in seen:
+                seen[w] = now
+        self.writer_seen = seen = {w: t for w, t in seen.items() if w in known}
+        gone = {w for w, t in seen.items() if now - t > self.config.writer_grace and w not in live}
+        if gone:
+            keep = lambda marks: {c: v for c, v in marks.items() if writer_of(c) not in gone}  # noqa: E731
+            self.client_marks, self.closed_marks = keep(self.client_marks), keep(self.closed_marks)
+            self.client_writes, self.window_clients = keep(self.client_writes), keep(self.window_clients)
+            self.applied_clients = {s: keep(m) for s, m in self.applied_clients.items()}
+            self.replayed -= gone
+            self.replay_seqs = {w: v for w, v in self.replay_seqs.items() if w not in gone}
+            for w in gone:
+                del seen[w]
+                self.gone.pop(w, None)
+                self.gone[w] = now
+        while self.gone and (len(self.gone) > GONE_MAX or now - next(iter(self.gone.values())) > GONE_SECONDS):
+            del self.gone[next(iter(self.gone))]
+        return gone
+
+    def _marks(self, clients: dict) -> dict:
+        """`_marks`, without those of writers forgotten here (a peer that has not forgotten them yet sent them)."""
+        marks = _marks(clients)
+        if self.gone:
+            marks = {c: v for c, v in marks.items() if writer_of(c) not in self.gone}
+        return marks
+
+    @staticmethod
+    def _expired(writer: str) -> dict:
+        return messages.error(ErrorCode.EXPIRED, f"writer {writer!r}: its lease expired and this node forgot its "
+                                                 f"clients; connect again")
 
     def peer_replaced(self, target: int) -> None:
         """A new node took position `target`: what it missed is rebuilt from data, so deltas to it restart."""

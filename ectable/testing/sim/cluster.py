@@ -1,7 +1,7 @@
 """A simulated cluster as its clients see it: the production `StoredMap` over the simulated network."""
 from __future__ import annotations
 
-from ...cluster.maps import WRITER_TTL, ClusterMap, StoredMap
+from ...cluster.maps import WRITER_TTL, ClusterMap, StoredMap, WriterFence, writer_patience
 from ...cluster.store import ClusterStore
 from ...config import ClusterConfig
 from ...errors import Error
@@ -31,15 +31,21 @@ class SimCluster(StoredMap, ClusterMap):
             return False
 
     def _keep_writer(self, writer: str) -> int:
-        """Registered under a lease kept alive every WRITER_TTL / 6 s (as `maps._WriterLease` does)."""
+        """Registered under a lease kept alive every WRITER_TTL / 6 s until it lapses (as `maps._WriterLease`)."""
         membership = self.store.membership
+        lease = membership.grant(WRITER_TTL)
+        fence = self._fence = WriterFence(self.world.now, writer_patience(self.config))
+        self.store.register_writer(writer, lease)
 
         def keep():
-            if not membership.keepalive(self._writer_lease):
-                self._writer_lease = membership.grant(WRITER_TTL)
-                self.store.register_writer(writer, self._writer_lease)
-            self.world.at(WRITER_TTL / 6, keep, self.owner)
-        lease = membership.grant(WRITER_TTL)
-        self.store.register_writer(writer, lease)
+            sent = self.world.now
+            if membership.keepalive(lease):
+                fence.kept(sent)
+            else:  # it expired: this writer's clients stop writing
+                fence.lost = True
+            if fence.fenced(self.world.now):
+                membership.revoke(lease)
+            else:
+                self.world.at(WRITER_TTL / 6, keep, self.owner)
         self.world.at(WRITER_TTL / 6, keep, self.owner)
         return lease

@@ -74,8 +74,11 @@ class SimNodeHost(NodeHost):
                 self.lease, self.announced = None, None  # expired: this node was failed over
             self.announce()
             self.follow_map(self.store.read_map())
-            if self.node is not None and self.node.replay_from is not None:
-                self.node.keep_replayers(self.store.writers())
+            if self.node is not None:
+                writers = self.store.writers()
+                if self.node.replay_from is not None:
+                    self.node.keep_replayers(writers)
+                self.node.expire_writers(writers)
         self.rebuild()
         self.send_outbox()
         self.world.at(HEARTBEAT, self.heartbeat, self.endpoint)
