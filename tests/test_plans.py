@@ -126,6 +126,9 @@ def test_only_the_holders_of_a_dead_nodes_stripes_decide_how_far_back_to_roll():
     spec = TableSpec.from_config({"name": "t", "num_rows": 12, "dim": 2, "seed": 0,
                                   "optimizer": {"name": "sgd", "lr": 0.1, "eps": 1e-8}, "init": {"kind": "zeros"}})
     layout = ClusterConfig(nodes=6, code="xor", k=4, r=1).layout(spec)
-    stripes, holders = plans.reconcile_stripes(layout, 4)
-    assert plans.parity_holders([layout], 4) == set(holders.reshape(-1).tolist())
-    assert 4 not in plans.parity_holders([layout], 4) and plans.parity_holders([], 4) == set()
+    rows = np.arange(spec.num_rows)
+    mine = np.unique(layout.stripe(rows[layout.data_node(rows) == 4]))  # stripes position 4 holds data in
+    expect = set(layout.parity_node(mine, 0).tolist())
+    assert plans.parity_holders([layout], 4) == expect
+    assert expect < {0, 1, 2, 3, 5}  # a small table: some survivors hold no parity of position 4's stripes
+    assert plans.parity_holders([], 4) == set()

@@ -58,7 +58,10 @@ def test_a_simulated_request_lost_on_the_way_is_answered_after_it_is_sent_again(
     assert not channel._replies
 
 
-def test_a_zeromq_request_lost_on_the_way_is_answered_after_it_is_sent_again():
+@pytest.mark.parametrize("reconnect", [False, True], ids=["same-connection", "after-a-reconnect"])
+def test_a_zeromq_request_lost_on_the_way_is_answered_after_it_is_sent_again(reconnect):
+    """`reconnect`: the connection is made afresh while the request waits (as after a failed handshake):
+    the request is sent again on the new one, and its reply taken."""
     context = zmq.Context()
     router = make_socket(context, zmq.ROUTER)
     endpoint = bind_to(router, "tcp://127.0.0.1:0")
@@ -78,7 +81,10 @@ def test_a_zeromq_request_lost_on_the_way_is_answered_after_it_is_sent_again():
     thread.start()
     channel = ZmqChannel(endpoint, context)
     try:
-        reply, _ = channel.call({"op": "ping"}, [], 10.0)  # NodeDown after 10 s if it were not sent again
+        pending = channel.start({"op": "ping"}, [])
+        if reconnect:
+            channel._reset()
+        reply, _ = pending.wait(10.0)  # NodeDown after 10 s if it were not sent again, or its reply dropped
         assert reply["echo"] == "ping" and seen[:2] == ["ping", "ping"]
         reply, _ = channel.call({"op": "status"}, [], 10.0)
         assert reply["echo"] == "status"

@@ -170,8 +170,7 @@ class ZmqChannel(Channel):
             self._monitor.close(0)
             self._sock.close(0)
             self._sock = self._monitor = None
-        self._replies.clear()
-        self._waiting.clear()
+        self._replies.clear()  # (requests still waited for keep their ids: their resends go out on the new socket)
         self._failed_handshakes = 0
 
     def close(self):

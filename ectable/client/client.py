@@ -685,7 +685,7 @@ class Client:
             self.cluster.wait_replaced(p)  # replays go to the spare, not into parity its rebuild may have read
         self._sources[p] = now = self.cluster.source(p)
         if now is None:
-            for entry in _in_node_order([e for e in self.cluster.replays.pop(p, []) if not self._lapsed(e)]):
+            for entry in self._replays(p):
                 self._write_node(p, entry.writes)  # through the parity
         elif self.cluster.claim_checkin(now):
             self._replay(p, now)
@@ -720,6 +720,10 @@ class Client:
         for entry in log:
             entry.replayed = True
 
+    def _replays(self, p) -> list:
+        """The logged writes taken for replay at p, in the dead node's order, less those of lapsed writers."""
+        return _in_node_order([e for e in self.cluster.replays.pop(p, []) if not self._lapsed(e)])
+
     def _lapsed(self, entry) -> bool:
         """Whether a logged write's writer lapsed: it is never replayed (nodes may have forgotten its marks,
         and it would then apply twice); it is lost only if it is not durable yet, which takes a window."""
@@ -728,7 +732,7 @@ class Client:
     def _replay(self, p, source) -> None:
         """Replay this cluster object's writes for p into the replacement `source` (none: say so) and wait
         until it applied every live writer's; they stay in the redo log under its sequence numbers."""
-        entries = _in_node_order([e for e in self.cluster.replays.pop(p, []) if not self._lapsed(e)])
+        entries = self._replays(p)
         if not entries and not self.cluster.is_writer():
             return  # it never wrote (a reader, a rebuilder): nothing to replay, and no replacement waits for it
         replayer = self.cluster.writer_id()

@@ -144,7 +144,8 @@ class Decider:
             return False  # nobody to ask for the tables now: try again at the next step
         config = ClusterConfig(**m.config)
         layouts = [config.layout(TableSpec.from_config(spec)) for spec in tables]
-        holding = [q for q in survivors if q in plans.parity_holders(layouts, p)]  # the others' levels are moot
+        holders = plans.parity_holders(layouts, p)
+        holding = [q for q in survivors if q in holders]  # the others' levels are moot
         floor = plans.rollback_level({q: replies[q].get("window") for q in holding},
                                      {q: replies[q].get("kept") for q in holding})
         score = None  # with a floor, no parity row is forgotten

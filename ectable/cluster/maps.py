@@ -354,7 +354,7 @@ class WriterFence:
     `patience` seconds (the store may have expired it meanwhile, and nodes forget its clients' marks
     `writer_grace` after they last saw it: `patience` must stay well below WRITER_TTL + writer_grace)."""
 
-    def __init__(self, since: float, patience: float = WRITER_TTL):
+    def __init__(self, since: float, patience: float):
         self.alive_at = since  # when the last keep-alive that succeeded was sent
         self.patience = patience
         self.lost = False
@@ -373,7 +373,7 @@ class _WriterLease(threading.Thread):
     """Keeps a writer's registration alive every WRITER_TTL / 6 s until the lease lapses (`fence`); revokes
     it on close."""
 
-    def __init__(self, endpoints: list[str], store: ClusterStore, writer: str, patience: float = WRITER_TTL):
+    def __init__(self, endpoints: list[str], store: ClusterStore, writer: str, patience: float):
         super().__init__(name="writer-lease", daemon=True)
         from ..membership.etcd import EtcdMembership
         self.store = ClusterStore(EtcdMembership(endpoints), store.prefix)
