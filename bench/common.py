@@ -26,6 +26,16 @@ def best_rate(fn, nbytes: float, repeat: int = 5, min_time: float = 0.2) -> floa
     return best
 
 
+def cpu_seconds(pids) -> float:
+    """CPU seconds (user + system, all threads) the processes `pids` used so far (Linux /proc)."""
+    total = 0
+    for pid in set(pids):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def machine() -> dict:
     return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
 

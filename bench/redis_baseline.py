@@ -122,9 +122,9 @@ def main():
         secs = {
             "redis (no persistence)": redis_loop(work, "--appendonly", "no"),
             "redis (AOF everysec)": redis_loop(work, "--appendonly", "yes", "--appendfsync", "everysec"),
-            "ectable none": cluster_loop(work, "none", 4, 0, 6, True),
-            "ectable xor(4,1)": cluster_loop(work, "xor", 4, 1, 6, True),
-            "ectable rs(4,2)": cluster_loop(work, "rs", 4, 2, 6, True),
+            "ectable none": cluster_loop(work, "none", 4, 0, 6, True)[0],
+            "ectable xor(4,1)": cluster_loop(work, "xor", 4, 1, 6, True)[0],
+            "ectable rs(4,2)": cluster_loop(work, "rs", 4, 2, 6, True)[0],
         }
         base = secs["redis (no persistence)"]
         out = [[name_, round(total / s), round(base / s, 2)] for name_, s in secs.items()]

@@ -24,7 +24,7 @@ import numpy as np
 import ectable
 from ectable.protocol.validate import sum_rows
 
-from .common import report
+from .common import cpu_seconds, report
 from .workloads import DIM, WORKLOADS, Workload
 
 WARMUP = 3  # untimed iterations first
@@ -78,23 +78,25 @@ def create_tables(client, work: Workload, init: str = "zeros") -> None:
 
 
 def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processes: bool, compute: float = 0.0,
-                 curve: bool = False) -> float:
-    """Seconds for the timed iterations on a cluster: get_many, model step, apply_gradient_many, step (with
-    `curve`, every process has its own CURVE key pair, and nodes check each request's role)."""
+                 curve: bool = False) -> tuple[float, float, float]:
+    """(seconds, node CPU seconds, trainer CPU seconds) of the timed iterations on a cluster: get_many, model
+    step, apply_gradient_many, step (with `curve`, every process has its own CURVE key pair, and nodes check
+    each request's role). In process, the nodes' CPU is the trainer's."""
     keys = {"keys": True} if curve else {}
     with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes, **keys) as cluster:
         client = cluster.connect()
         create_tables(client, work)
-        start = 0.0
+        pids = cluster.node_pids() if processes else []
+        start = nodes_cpu = trainer_cpu = 0.0
         for n, batch in enumerate(work.batches):
             if n == WARMUP:
-                start = time.perf_counter()
+                start, nodes_cpu, trainer_cpu = time.perf_counter(), cpu_seconds(pids), time.process_time()
             client.get_many(batch)
             time.sleep(compute)  # the model's forward and backward pass, on an accelerator
             client.apply_gradient_many(work.gradients(batch))
             client.step()
         client.flush()
-        return time.perf_counter() - start
+        return (time.perf_counter() - start, cpu_seconds(pids) - nodes_cpu, time.process_time() - trainer_cpu)
 
 
 def store_name(code, k, r, nodes, curve=None) -> str:
@@ -106,22 +108,30 @@ def run(work: Workload, repeat: int, compute: float, checkpoint_every: int, proc
     """{store: median seconds}, every store run `repeat` times, interleaved."""
     ckpt = f"numpy + checkpoint every {checkpoint_every} it."
     runs: dict[str, list] = {}
+    cpu: dict[str, list] = {}  # store -> [(node CPU s, trainer CPU s)] per run
     for _ in range(repeat):  # interleaved, so a noisy neighbour hurts every store alike
         runs.setdefault("numpy", []).append(numpy_loop(work, compute))
         if stores is STORES:
             runs.setdefault(ckpt, []).append(numpy_loop(work, compute, checkpoint_every))
         for code, k, r, nodes, *curve in stores:
-            runs.setdefault(store_name(code, k, r, nodes, *curve), []).append(
-                cluster_loop(work, code, k, r, nodes, processes, compute, bool(curve)))
-    return {"median": {name: float(np.median(t)) for name, t in runs.items()}, "seconds": runs}
+            name = store_name(code, k, r, nodes, *curve)
+            secs, node_cpu, trainer_cpu = cluster_loop(work, code, k, r, nodes, processes, compute, bool(curve))
+            runs.setdefault(name, []).append(secs)
+            cpu.setdefault(name, []).append((node_cpu, trainer_cpu))
+    iters = len(work.batches) - WARMUP
+    per_iter = {name: [round(float(np.median([c[n] for c in runs_cpu])) / iters * 1000, 1) for n in (0, 1)]
+                for name, runs_cpu in cpu.items()}  # ms per iteration: nodes, trainer
+    return {"median": {name: float(np.median(t)) for name, t in runs.items()}, "seconds": runs,
+            "cpu_ms_per_iteration": per_iter}
 
 
-def table(work: Workload, median: dict, stores: list = STORES) -> list:
-    """[store, ids/s, against none on as many nodes (with CURVE if it has it), against numpy] per store."""
+def table(work: Workload, median: dict, cpu: dict, stores: list = STORES) -> list:
+    """[store, ids/s, against none on as many nodes (with CURVE if it has it), against numpy, node and trainer
+    CPU ms per iteration] per store."""
     ids = sum(sum(v.size for v in b.values()) for b in work.batches[WARMUP:])
     none = {store_name(*s): median[store_name("none", 4, 0, *s[3:])] for s in stores}
     return [[name, round(ids / secs), round(none[name] / secs, 3) if name in none else "-",
-             round(median["numpy"] / secs, 3)] for name, secs in median.items()]
+             round(median["numpy"] / secs, 3), *cpu.get(name, ["-", "-"])] for name, secs in median.items()]
 
 
 def main():
@@ -145,8 +155,9 @@ def main():
         print(f"\n{work.describe()}; {args.iters} iterations, {mode}, {args.compute_ms:g} ms model step")
         suffix = ("_inprocess" if args.in_process else "") + (f"_compute{args.compute_ms:g}ms" if compute else "")
         suffix += "_curve" if args.curve else ""
-        report(f"train_loop_{name}{suffix}", ["store", "ids/s", "vs none", "vs numpy"],
-               table(work, result["median"], stores),
+        report(f"train_loop_{name}{suffix}", ["store", "ids/s", "vs none", "vs numpy", "node CPU ms/it",
+                                              "trainer CPU ms/it"],
+               table(work, result["median"], result["cpu_ms_per_iteration"], stores),
                {**result, "workload": work.describe(), "compute_ms": args.compute_ms, "iters": args.iters,
                 "unique_per_batch": work.unique_per_batch(), "checkpoint_every": args.checkpoint_every})
 

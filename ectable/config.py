@@ -1,6 +1,6 @@
 """What a cluster agrees on (`ClusterConfig`), and cluster TOML files: what `ectable up` writes and `ectable.connect` / `ectable node` read.
 
-    [cluster]   nodes, code, k, r, window_rows, window_seconds
+    [cluster]   nodes, code, k, r, window_rows, window_seconds, window_steps
     [nodes]     endpoints = ["tcp://127.0.0.1:PORT", ...]  (one per active position), spares = [...]
     [security]  server_public, (nodes:) server_secret, public, secret, nodes, deciders, clients
                 (CURVE keys by role, optional: see `ectable.security`)
@@ -29,6 +29,7 @@ class ClusterConfig:
     r: int = 1
     window_rows: int = 1 << 20  # a window closes once this many rows are dirty...
     window_seconds: float = 0.25  # ...or its oldest write is this old (a timer on the node closes it)
+    window_steps: int = 1  # step() closes a node's window every this many steps it took
     rebuild_batch: int = 1 << 15  # rows (and parity rows) a rebuilding node pulls per round
     rebuild_share: float = 0.5  # of its time a rebuilding node spends pulling: it rests the rest
     writer_grace: float = 30.0  # nodes forget a writer's clients once it was this long out of the live writers

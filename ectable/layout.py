@@ -13,6 +13,7 @@ On its node, data row `id` of stripe `s` is stored at local offset
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass
 
@@ -48,6 +49,11 @@ class Layout:
     def width(self) -> int:
         """Slots per stripe: k + r."""
         return self.k + self.r
+
+    def of_rows(self, offsets: np.ndarray) -> "Layout":
+        """This layout with one table offset per row (`offsets`, an array): the placement math of rows of
+        several tables, of the same nodes, k and r, in one vectorised call each."""
+        return dataclasses.replace(self, offset=offsets)
 
     # -- rows -> nodes ---------------------------------------------------
     def stripe(self, ids):

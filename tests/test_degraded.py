@@ -4,6 +4,7 @@ import numpy as np
 
 import ectable
 from ectable.config import ClusterConfig
+from ectable.protocol import deltas as payload
 from ectable.protocol.messages import Delta, ErrorCode, Holds, Invalidate
 from ectable.testing import check_parity
 from ectable.storage.node import Node
@@ -26,7 +27,7 @@ def holder_of(row):
 def degraded(node, position, dead, seq=1, row=5):
     delta = np.full((1, SPEC.width * 4), 7, dtype=np.uint8)
     header = Delta(source="repair/x", seq=seq, tables=["t"], position=position, dead=dead).header()
-    return node.handle(header, [np.array([row], np.int64), delta])[0]
+    return node.handle(header, payload.pack([(np.array([row], np.int64), delta)]))[0]
 
 
 def test_a_holder_refuses_a_degraded_write_for_a_position_that_has_a_replacement():

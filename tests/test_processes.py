@@ -11,6 +11,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ectable
+from ectable.protocol import deltas as payload
 from ectable.testing import check_parity, read_records
 from ectable.testing.statemachine import machine_for
 from ectable.transport import ZmqChannel, codec
@@ -140,7 +141,7 @@ def test_deltas_apply_exactly_once_over_the_wire(cluster):
     ch = ZmqChannel(c.endpoints[target], zmq.Context.instance())
     def send(seq):
         return ch.call({"op": "delta", "source": "node/9/exactly-once", "seq": seq, "tables": ["users"]},
-                       [ids, delta], 10)[0]
+                       payload.pack([(ids, delta)]), 10)[0]
     assert send(2)["error"] == "out_of_order"  # seq 1 first: deltas apply in order
     for seq in (1, 1, 1, 2):  # seq 1 three times (applied once), then the same bytes as seq 2: they cancel
         assert send(seq)["ack"] == seq
@@ -304,7 +305,8 @@ def test_each_key_may_send_only_what_its_role_sends(tmp_path):
             channel = ZmqChannel(c.endpoints[holder], zmq.Context.instance(), load(name), connect_timeout=10.0)
             try:
                 for header, error in headers:
-                    arrays = [ids, np.full((1, 8), 255, np.uint8)] if header["op"] == "delta" else [layout.stripe(ids)]
+                    arrays = (payload.pack([(ids, np.full((1, 8), 255, np.uint8))]) if header["op"] == "delta"
+                              else [layout.stripe(ids)])
                     reply = channel.call(header, arrays if header["op"] != "rollback" else [], 10.0)[0]
                     assert reply.get("error") == error, (name, header["op"], reply)
             finally:

@@ -6,22 +6,23 @@ from ectable.storage.window import Window
 
 
 @given(st.lists(st.lists(st.integers(0, 19), unique=True, max_size=8), max_size=10))
-def test_window_keeps_first_old_value_and_drains_each_row_once(writes):
+def test_window_keeps_each_rows_delta_since_it_opened_and_drains_each_row_once(writes):
     records = np.arange(20 * 2, dtype=np.float32).reshape(20, 2)
     first = {}
     w = Window(20, 2)
     for step, local in enumerate(writes):
         local = np.array(local, dtype=np.int64)
-        w.touch(local, records)
         for x in local:
             first.setdefault(int(x), records[x].copy())
-        records[local] += 100 + step
+        new = records[local] * 3 + 100 + step
+        w.record(local, records[local], new)
+        records[local] = new
         np.testing.assert_array_equal(w.committed(np.arange(20), records)[sorted(first)],
                                       np.array([first[x] for x in sorted(first)]).reshape(-1, 2))
-    rows, old = w.drain()
+    rows, delta = w.drain()
     assert sorted(rows.tolist()) == sorted(first)
-    for x, o in zip(rows, old):
-        np.testing.assert_array_equal(o, first[int(x)])
+    for x, d in zip(rows, delta):  # old ^ new record bytes, whatever came between
+        np.testing.assert_array_equal(d, first[int(x)].view(np.uint8) ^ records[x].view(np.uint8))
     assert len(w) == 0 and not w.dirty.any()
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import clock
 from ..errors import Error, NodeDown, Replaced, StaleCut, Unavailable
-from ..protocol import validate
+from ..protocol import deltas as payload, validate
 from ..protocol.messages import Delta, Get, GetParity, Holds, Missing, Restore, Status
 from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
@@ -275,7 +275,7 @@ class Repair:
         holder = self.client.cluster.source(target)
         while True:
             try:
-                self.client._call(target, header, [ids, delta])
+                self.client._call(target, header, payload.pack([(ids, delta)]))
                 return
             except Replaced:  # refused before it was applied: the number is free again
                 self._next_seq[target] = seq - 1

@@ -45,6 +45,9 @@ def _checked_config(nodes, code, k, r, spares, **tuning) -> ClusterConfig:
     window_seconds = tuning.get("window_seconds", ClusterConfig.window_seconds)
     if not (isinstance(window_seconds, (int, float)) and 0 < window_seconds < float("inf")):
         raise ValueError(f"window_seconds must be a positive number of seconds, got {window_seconds!r}")
+    steps = tuning.get("window_steps", ClusterConfig.window_steps)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"window_steps must be a positive integer, got {steps!r}")
     grace = tuning.get("writer_grace", ClusterConfig.writer_grace)
     if not (isinstance(grace, (int, float)) and 2 * WRITER_TTL <= grace < float("inf")):
         raise ValueError(f"writer_grace must be at least {2 * WRITER_TTL} seconds (twice a writer's lease), "
@@ -69,7 +72,8 @@ class LocalCluster(ClusterMap):
 
     def __init__(self, nodes: int = 5, code: str = "xor", k: int = 4, r: int | None = None, spares: int = 0,
                  processes: bool = True, **tuning):
-        """`tuning`: window_rows, window_seconds, rebuild_batch, rebuild_share, writer_grace (see ClusterConfig)."""
+        """`tuning`: window_rows, window_seconds, window_steps, rebuild_batch, rebuild_share, writer_grace (see
+        ClusterConfig)."""
         super().__init__(_checked_config(nodes, code, k, r, spares, **tuning))
         self.processes = processes
         self._spares = spares

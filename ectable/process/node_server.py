@@ -355,7 +355,8 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
     if map_header is not None:
         server.apply_map(messages.parse(map_header))
     print(f"READY {server.endpoint}", flush=True)
-    profile = os.environ.get("ECTABLE_PROFILE")  # a directory: each node writes its cProfile there on exit
+    profile = os.environ.get("ECTABLE_PROFILE")  # a directory: each node writes its cProfile there on exit,
+    # in CPU seconds of its serving thread (on shared cores, wall time would count the waits for a core)
     if not profile:
         try:
             server.serve()
@@ -364,7 +365,7 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
             os._exit(70)
         return
     import cProfile
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time)
     try:
         prof.runcall(server.serve)
     finally:

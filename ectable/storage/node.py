@@ -8,6 +8,7 @@ deltas (`take_outbox`) and reports their acknowledgements (`acked`).
 """
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
 
@@ -16,10 +17,10 @@ import numpy as np
 from .. import clock as clocks
 from ..config import ClusterConfig
 from ..errors import InvalidRequest
-from ..protocol import messages, validate
+from ..protocol import deltas as payload, messages, validate
 from ..protocol.messages import ErrorCode, writer_of
 from .retained import Retained
-from .shard import NotRebuilt, Shard
+from .shard import NotRebuilt, Shard, delta_slots, drain
 from .table import TableSpec
 
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
@@ -77,6 +78,7 @@ class Node:
         self.rejected = 0
         self.lazy_close = lazy_close  # step() only marks the window for closing (node processes)
         self.close_pending = False
+        self.steps = 0  # steps taken since the window was last closed (`window_steps` close it)
         self.client_marks: dict[str, int] = {}  # client id -> its last write applied here
         self.closed_marks: dict[str, int] = {}  # client marks as of the last closed window (= committed records)
         self.client_writes: dict[str, tuple[int, int]] = {}  # client id -> (its last write, our seq for it)
@@ -354,6 +356,9 @@ class Node:
         return {"unacked": len(self.unacked)}, []
 
     def op_step(self, msg, arrays):
+        self.steps += 1
+        if self.steps < self.config.window_steps:
+            return {}, []
         if self.lazy_close:
             self.close_pending = True  # closed when idle, or before the next request that needs it
         else:
@@ -380,17 +385,21 @@ class Node:
             return self._replaced_reply(msg), []
         if seq != last + 1:  # an earlier one is still on its way: the sender resends this one
             return messages.error(ErrorCode.OUT_OF_ORDER, f"expected delta {last + 1} of {source}, got {seq}"), []
-        self._arrays(arrays, 2 * len(tables))
-        work = []
-        for t, name in enumerate(tables):  # check everything before changing anything
-            if isinstance(name, str) and name in self.dropped:
-                continue  # sent before the table was dropped here: moot
-            shard = self._shard(name)
-            ids = self._ids(shard, arrays[2 * t])
-            delta = arrays[2 * t + 1]
-            if delta.dtype != np.uint8 or delta.shape != (ids.size, shard.width * 4):
-                raise InvalidRequest(f"table {name!r}: delta must be uint8 of shape ({ids.size}, {shard.width * 4})")
-            work.append((shard, ids, delta, shard.delta_slots(ids), source, seq))
+        rows, ids, deltas = payload.unpack(len(tables), arrays)
+        bounds = np.concatenate(([0], np.cumsum(rows))).tolist()
+        kept = [t for t, name in enumerate(tables) if not (isinstance(name, str) and name in self.dropped)]
+        shards = [self._shard(tables[t]) for t in kept]  # a table dropped here: sent before its drop, moot
+        for t, shard in zip(kept, shards):  # check everything before changing anything
+            if deltas[t].shape[1] != shard.width * 4:
+                raise InvalidRequest(f"table {shard.spec.name!r}: delta rows must be {shard.width * 4} bytes, "
+                                     f"got {deltas[t].shape[1]}")
+        if len(kept) < len(tables):
+            ids = np.concatenate([ids[bounds[t]:bounds[t + 1]] for t in kept] or [ids[:0]])
+        counts = rows[kept]
+        slots = delta_slots(shards, counts, ids)  # every table's rows at once
+        at = np.concatenate(([0], np.cumsum(counts))).tolist()
+        work = [(shard, ids[a:b], deltas[t], tuple(x[a:b] for x in slots), source, seq)
+                for shard, t, a, b in zip(shards, kept, at, at[1:])]
         if msg.dead is not None:  # counted at once; the bytes follow before anything reads parity
             for shard, ids, *_ in work:
                 shard.count_degraded(ids)
@@ -410,10 +419,25 @@ class Node:
         """Fold every received delta into the parity rows; keep what rows not rebuilt yet skipped."""
         queued, self.queued, self.queued_rows = self.queued, [], 0
         now = self.clock()
-        for shard, ids, delta, slots, source, seq in queued:
+        whole: dict[int, list] = {}  # delta row bytes -> entries for shards with every parity row there
+        for entry in queued:
+            shard, ids, delta, slots, source, seq = entry
+            if shard.missing_parity is None:
+                whole.setdefault(delta.shape[1], []).append(entry)
+                continue
             skipped = shard.apply_delta(ids, delta, slots)
             if skipped is not None:
                 self.skipped.setdefault(source, deque()).append((seq, now, shard.spec.name, *skipped))
+        for entries in whole.values():  # every sender's and table's rows of a width in one pass
+            entries.sort(key=lambda e: id(e[0]))  # each shard's rows next to each other
+            j, local, pos = (np.concatenate([e[3][n] for e in entries]) for n in range(3))
+            terms = self.code.delta_terms(j, pos, np.concatenate([e[2] for e in entries]))
+            at = 0
+            for shard, group in itertools.groupby(entries, key=lambda e: e[0]):
+                group = list(group)
+                n = sum(e[1].size for e in group)
+                shard.fold(local[at:at + n], terms[at:at + n], unique=len(group) == 1)  # one delta names each once
+                at += n
         for source, log in self.skipped.items():  # bounded: a rebuild reading older data reads again
             while log and now - log[0][1] > SKIPPED_SECONDS:
                 self.skipped_from[source] = log.popleft()[0] + 1
@@ -574,7 +598,7 @@ class Node:
 
     def close_window(self) -> None:
         """Turn the dirty rows into one delta message per parity-holding node."""
-        self.close_pending = False
+        self.close_pending, self.steps = False, 0
         if self.write_seq == self.closed_upto:
             return  # nothing written since the last close
         self.closed_upto = self.write_seq
@@ -584,20 +608,7 @@ class Node:
             self.durable_seq = self.write_seq
             self.window_clients = {}
             return
-        parts: dict[int, tuple[list, list]] = {t: ([], []) for t in range(self.config.nodes) if t != self.position}
-        for name, shard in self.shards.items():
-            if not len(shard.window):
-                continue
-            ids, delta = shard.drain()
-            stripes = shard.layout.stripe(ids)
-            targets = np.concatenate([shard.layout.parity_node(stripes, j) for j in range(self.config.r)])
-            order = np.argsort(targets * shard.layout.num_stripes + np.tile(stripes, self.config.r))  # by target, then stripe
-            rows = np.tile(np.arange(ids.size), self.config.r)[order]
-            bounds = np.searchsorted(targets[order], np.arange(self.config.nodes + 1))
-            for target in np.flatnonzero(np.diff(bounds)).tolist():  # only the nodes this table has deltas for
-                pick = rows[bounds[target]:bounds[target + 1]]
-                parts[target][0].append(name)
-                parts[target][1].extend([ids[pick], delta[pick]])
+        parts = self._window_deltas()
         self.closed_marks = dict(self.client_marks)
         window_clients, self.window_clients = self.window_clients, {}
         self.closed_windows += 1
@@ -613,6 +624,40 @@ class Node:
             self.outbox.append((target, header, arrays))
             self.unacked[(target, seq)] = window
         self._advance()
+
+    def _window_deltas(self) -> dict:
+        """Drain every shard's window: {target: (tables, delta arrays)} for every other node, each target's
+        rows of every table in one payload (`protocol.deltas`), tables of a width computed together."""
+        r, nodes = self.config.r, self.config.nodes
+        by_width: dict[int, list] = {}
+        for shard in self.shards.values():
+            if len(shard.window):
+                by_width.setdefault(shard.width, []).append(shard)
+        found: dict[int, list] = {t: [] for t in range(nodes) if t != self.position}
+        for group in by_width.values():
+            counts, ids, delta = drain(group)
+            table = np.repeat(np.arange(len(group)), counts)
+            layout = group[0].layout.of_rows(np.repeat([shard.layout.offset for shard in group], counts))
+            stripes = layout.stripe(ids)
+            targets = np.concatenate([layout.parity_node(stripes, j) for j in range(r)])
+            if nodes * len(group) < 1 << 22:  # by target, table, stripe (stripes < 2**40): one sort key
+                order = np.argsort((targets * len(group) + np.tile(table, r)) << 40 | np.tile(stripes, r))
+            else:
+                order = np.lexsort((np.tile(stripes, r), np.tile(table, r), targets))
+            rows = np.tile(np.arange(ids.size), r)[order]
+            bounds = np.searchsorted(targets[order], np.arange(nodes + 1)).tolist()
+            for target in np.flatnonzero(np.diff(bounds)).tolist():  # only the nodes this window has rows for
+                pick = rows[bounds[target]:bounds[target + 1]]
+                found[target].append((group, np.bincount(table[pick], minlength=len(group)), ids[pick], delta[pick]))
+        parts = {}
+        for target, pieces in found.items():
+            names = [shard.spec.name for group, n, _, _ in pieces for shard, c in zip(group, n) if c]
+            shape = np.array([[c, shard.width * 4] for group, n, _, _ in pieces for shard, c in zip(group, n) if c],
+                             dtype=np.int64).reshape(-1, 2)
+            ids = np.concatenate([p[2] for p in pieces] or [np.empty(0, np.int64)])
+            delta = np.concatenate([p[3].reshape(-1) for p in pieces] or [np.empty(0, np.uint8)])
+            parts[target] = (names, [shape, ids, delta])
+        return parts
 
     def take_outbox(self) -> list[tuple[int, dict, list]]:
         out, self.outbox = self.outbox, []

@@ -151,16 +151,9 @@ class Shard:
         return local, rows
 
     def commit(self, local, rows) -> None:
-        """Install new records of local rows (from `updated`), remembering the old ones in the window."""
-        self.window.touch(local, self.records)
+        """Install new records of local rows (from `updated`), adding their changes to the window."""
+        self.window.record(local, self.records[local], rows)
         self.records[local] = rows
-
-    def drain(self) -> tuple[np.ndarray, np.ndarray]:
-        """Close the window: (global ids, old ^ new record bytes) of every row it touched."""
-        local, old = self.window.drain()
-        delta = old.view(np.uint8)
-        delta ^= self.records[local].view(np.uint8)
-        return self.layout.data_ids(self.node, local), delta
 
     # -- parity rows -----------------------------------------------------
     def parity_slots(self, stripes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -173,11 +166,7 @@ class Shard:
     def delta_slots(self, ids: np.ndarray) -> tuple:
         """(parity index j, local parity offset, position in the stripe) of each data row of a delta;
         raises unless the rows' stripes ascend (so each comes once) and have their parity here."""
-        stripes = self.layout.stripe(ids)
-        j, local = self.parity_slots(stripes)
-        if stripes.size > 1 and not (stripes[1:] > stripes[:-1]).all():
-            raise InvalidRequest(f"table {self.spec.name!r}: a delta must name its stripes in ascending order, each once")
-        return j, local, self.layout.position(ids)
+        return delta_slots([self], np.array([ids.size]), ids)
 
     def apply_delta(self, ids: np.ndarray, delta: np.ndarray, slots: tuple):
         """parity ^= coefficient * delta for each data row's stripe held here (`slots`: from delta_slots).
@@ -189,13 +178,25 @@ class Shard:
             if not keep.all():
                 skipped = ids[~keep], delta[~keep]
             j, local, pos, delta = j[keep], local[keep], pos[keep], delta[keep]
-        self._compute_parity(local)
         self._xor_terms(j, local, pos, delta)
         return skipped
 
     def _xor_terms(self, j, local, pos, delta) -> None:
+        self.fold(local, self.code.delta_terms(j, pos, delta), unique=True)
+
+    def fold(self, local: np.ndarray, terms: np.ndarray, unique: bool = False) -> None:
+        """parity[local] ^= terms, row by row; unless `unique`, a parity row named several times takes every
+        term (several senders' deltas folded at once)."""
+        self._compute_parity(local)
+        if not unique:
+            order = np.argsort(local, kind="stable")
+            ordered = local[order]
+            first = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+            if first.size < local.size:  # XOR the terms of each parity row together first
+                terms = np.bitwise_xor.reduceat(np.ascontiguousarray(terms[order]).view(np.uint32), first, axis=0)
+                local = ordered[first]
         block = self.parity[local]
-        gf256.xor_into(block, self.code.delta_terms(j, pos, delta))
+        gf256.xor_into(block, terms.view(np.uint8))
         self.parity[local] = block
 
     def read_parity(self, stripes) -> tuple[np.ndarray, np.ndarray]:
@@ -263,3 +264,41 @@ class Shard:
 
     def nbytes(self) -> int:
         return self.records.nbytes + self.parity.nbytes + self.window.dirty.nbytes
+
+
+def drain(shards: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Close the windows of shards of one node and one width: (rows per shard, global ids, old ^ new record
+    bytes) of every row they touched, one shard after the other."""
+    drained = [shard.window.drain() for shard in shards]
+    counts = np.array([local.size for local, _ in drained])
+    local = np.concatenate([local for local, _ in drained])
+    delta = np.concatenate([delta for _, delta in drained])
+    layout = shards[0].layout.of_rows(np.repeat([shard.layout.offset for shard in shards], counts))
+    return counts, layout.data_ids(shards[0].node, local), delta
+
+
+def delta_slots(shards: list, counts: np.ndarray, ids: np.ndarray) -> tuple:
+    """`Shard.delta_slots` of the rows of several tables of one node at once: `ids` holds each shard's rows
+    one shard after the other, `counts[t]` of them for `shards[t]`. Raises InvalidRequest naming the table
+    of the first row that is out of range, whose parity is not on this node, or whose stripe does not
+    ascend within its table."""
+    if not shards:
+        return ids[:0], ids[:0], ids[:0]
+    node, bounds = shards[0].node, np.cumsum(counts)
+    layout = shards[0].layout.of_rows(np.repeat([s.layout.offset for s in shards], counts))
+    name = lambda row: shards[int(np.searchsorted(bounds, row, side="right"))].spec.name  # noqa: E731
+    limit = np.repeat([s.spec.num_rows for s in shards], counts)
+    bad = np.flatnonzero((ids < 0) | (ids >= limit))
+    if bad.size:
+        raise InvalidRequest(f"table {name(bad[0])!r}: id {ids[bad[0]]} is out of range [0, {limit[bad[0]]})")
+    stripes = layout.stripe(ids)
+    j = layout.slot_on(node, stripes) - layout.k
+    bad = np.flatnonzero(j.view(np.uint64) >= layout.r)  # negative j wraps to a huge unsigned value
+    if bad.size:
+        raise InvalidRequest(f"table {name(bad[0])!r}: node {node} holds no parity of some stripes")
+    descending = np.concatenate(([False], stripes[1:] <= stripes[:-1]))  # rows not above the one before...
+    descending[bounds[:-1][bounds[:-1] < ids.size]] = False  # ...within their table
+    if descending.any():
+        raise InvalidRequest(f"table {name(np.argmax(descending))!r}: a delta must name its stripes in ascending "
+                             f"order, each once")
+    return j, layout.parity_offset(stripes, j), layout.position(ids)

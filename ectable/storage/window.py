@@ -1,63 +1,73 @@
-"""The dirty window: rows written since it opened, with their records before the first write."""
+"""The dirty window: rows written since it opened, each with its parity delta so far."""
 from __future__ import annotations
 
 import numpy as np
 
 
 class Window:
-    """Copy-on-first-write tracking over a shard of `capacity` records of `width` float32.
+    """Tracks the rows of a shard of `capacity` records of `width` float32 written since the window opened,
+    and for each the XOR of its record bytes then and now (its parity delta), built at write time while
+    both are at hand: closing the window reads no record.
 
-    Costs one byte per row of the shard (the dirty flag); everything else is proportional
-    to the rows written in the window.
+    Costs one byte per row of the shard (the dirty flag); everything else is proportional to the rows
+    written in the window.
     """
 
     def __init__(self, capacity: int, width: int):
         self.dirty = np.zeros(capacity, dtype=bool)
         self._local = np.empty(0, dtype=np.int64)
-        self._old = np.empty((0, width), dtype=np.float32)
+        self._delta = np.empty((0, width), dtype=np.uint32)
         self._order = None  # argsort of the window's rows, for lookups; None: stale
         self.size = 0
 
     def __len__(self):
         return self.size
 
-    def touch(self, local: np.ndarray, records: np.ndarray) -> None:
-        """Call before writing unique rows `local`: keeps the old record of each row's first write."""
-        fresh = local[~self.dirty[local]]
-        if fresh.size == 0:
+    def record(self, local: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
+        """Unique rows `local` change from records `old` to `new` (float32 [n, width]): add to their deltas."""
+        change = old.view(np.uint32) ^ new.view(np.uint32)
+        again = self.dirty[local]
+        if again.any():  # written before in this window: the deltas add up
+            self._delta[self._slots(local[again])] ^= change[again]
+            local, change = local[~again], change[~again]
+        if local.size == 0:
             return
-        end = self.size + fresh.size
+        end = self.size + local.size
         if end > self._local.size:
             grow = max(end, 2 * self._local.size, 1024)
             self._local = np.resize(self._local, grow)
-            old = np.empty((grow, self._old.shape[1]), dtype=np.float32)
-            old[: self.size] = self._old[: self.size]
-            self._old = old
-        self._local[self.size:end] = fresh
-        self._old[self.size:end] = records[fresh]
-        self.dirty[fresh] = True
+            delta = np.empty((grow, self._delta.shape[1]), dtype=np.uint32)
+            delta[: self.size] = self._delta[: self.size]
+            self._delta = delta
+        self._local[self.size:end] = local
+        self._delta[self.size:end] = change
+        self.dirty[local] = True
         self.size = end
         self._order = None
+
+    def _slots(self, local: np.ndarray) -> np.ndarray:
+        """Where dirty rows `local` sit in the window's arrays."""
+        rows = self._local[: self.size]
+        if self._order is None:
+            self._order = np.argsort(rows, kind="stable")
+        return self._order[np.searchsorted(rows[self._order], local)]
 
     def committed(self, local: np.ndarray, records: np.ndarray) -> np.ndarray:
         """Records of rows `local` as of the window's opening (what parity holds)."""
         out = records[local]
         dirty = self.dirty[local]
         if dirty.any():
-            rows = self._local[: self.size]
-            if self._order is None:
-                self._order = np.argsort(rows, kind="stable")
-            out[dirty] = self._old[self._order[np.searchsorted(rows[self._order], local[dirty])]]
+            out[dirty] = (out[dirty].view(np.uint32) ^ self._delta[self._slots(local[dirty])]).view(np.float32)
         return out
 
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, old records) of the window, which closes and reopens empty."""
+        """(rows, delta bytes uint8 [n, width * 4]) of the window, which closes and reopens empty."""
         local = self._local[: self.size].copy()
-        old = self._old[: self.size].copy()
+        delta = self._delta[: self.size].copy().view(np.uint8)
         self.dirty[local] = False
         self.size = 0
         self._order = None
         if self._local.size > 1 << 16:  # do not pin the memory of one huge window forever
             self._local = np.empty(0, dtype=np.int64)
-            self._old = np.empty((0, self._old.shape[1]), dtype=np.float32)
-        return local, old
+            self._delta = np.empty((0, self._delta.shape[1]), dtype=np.uint32)
+        return local, delta
