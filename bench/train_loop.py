@@ -4,8 +4,9 @@ In one run, interleaved, each `--repeat` times (the median counts):
 - numpy: in-process gather/scatter of the same rows with the same optimizer (the floor);
 - numpy + a full checkpoint of every table to disk (fsync) every `--checkpoint-every`
   iterations: how embedding tables are protected today;
-- code "none", xor(4,1) and rs(4,2) on 6 nodes, and "none" and rs(6,3) on 9 nodes; each
-  code's ratio is against "none" on as many nodes.
+- code "none", xor(4,1) and rs(4,2) on 6 nodes (the codes also with a window per 4 iterations,
+  `window_steps=4`), and "none" and rs(6,3) on 9 nodes; each code's ratio is against "none" on as
+  many nodes. Each store's node CPU and trainer CPU per iteration are measured too.
 Nodes are processes on loopback (ZeroMQ) unless `--in-process`. With `--curve`, instead: "none" and
 xor(4,1) on 6 nodes, each with and without CURVE (every connection authenticated and encrypted).
 
@@ -28,8 +29,10 @@ from .common import cpu_seconds, report
 from .workloads import DIM, WORKLOADS, Workload
 
 WARMUP = 3  # untimed iterations first
-STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("rs", 4, 2, 6), ("none", 4, 0, 9), ("rs", 6, 3, 9)]
-CURVE_STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("none", 4, 0, 6, "curve"), ("xor", 4, 1, 6, "curve")]
+GROUPED = {"window_steps": 4, "window_seconds": 1.0}  # a window per 4 iterations (the timer must not close it first)
+STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("rs", 4, 2, 6), ("xor", 4, 1, 6, GROUPED), ("rs", 4, 2, 6, GROUPED),
+          ("none", 4, 0, 9), ("rs", 6, 3, 9)]
+CURVE_STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("none", 4, 0, 6, {"keys": True}), ("xor", 4, 1, 6, {"keys": True})]
 
 
 def rowwise_adagrad(rec: np.ndarray, summed: np.ndarray, lr=np.float32(0.01), eps=np.float32(1e-8)) -> None:
@@ -78,12 +81,11 @@ def create_tables(client, work: Workload, init: str = "zeros") -> None:
 
 
 def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processes: bool, compute: float = 0.0,
-                 curve: bool = False) -> tuple[float, float, float]:
+                 options: dict | None = None) -> tuple[float, float, float]:
     """(seconds, node CPU seconds, trainer CPU seconds) of the timed iterations on a cluster: get_many, model
-    step, apply_gradient_many, step (with `curve`, every process has its own CURVE key pair, and nodes check
-    each request's role). In process, the nodes' CPU is the trainer's."""
-    keys = {"keys": True} if curve else {}
-    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes, **keys) as cluster:
+    step, apply_gradient_many, step; `options` go to the cluster (with "keys", every process has its own CURVE
+    key pair, and nodes check each request's role). In process, the nodes' CPU is the trainer's."""
+    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes, **(options or {})) as cluster:
         client = cluster.connect()
         create_tables(client, work)
         pids = cluster.node_pids() if processes else []
@@ -99,8 +101,10 @@ def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processe
         return (time.perf_counter() - start, cpu_seconds(pids) - nodes_cpu, time.process_time() - trainer_cpu)
 
 
-def store_name(code, k, r, nodes, curve=None) -> str:
-    return (f"{code}({k},{r})" if r else "none") + f" {nodes} nodes" + (" + CURVE" if curve else "")
+def store_name(code, k, r, nodes, options=None) -> str:
+    options = options or {}
+    return ((f"{code}({k},{r})" if r else "none") + f" {nodes} nodes" + (" + CURVE" if options.get("keys") else "")
+            + "".join(f", {key}={value}" for key, value in options.items() if key != "keys"))
 
 
 def run(work: Workload, repeat: int, compute: float, checkpoint_every: int, processes: bool,
@@ -111,11 +115,11 @@ def run(work: Workload, repeat: int, compute: float, checkpoint_every: int, proc
     cpu: dict[str, list] = {}  # store -> [(node CPU s, trainer CPU s)] per run
     for _ in range(repeat):  # interleaved, so a noisy neighbour hurts every store alike
         runs.setdefault("numpy", []).append(numpy_loop(work, compute))
-        if stores is STORES:
+        if not any(s[4:] and "keys" in s[4] for s in stores):
             runs.setdefault(ckpt, []).append(numpy_loop(work, compute, checkpoint_every))
-        for code, k, r, nodes, *curve in stores:
-            name = store_name(code, k, r, nodes, *curve)
-            secs, node_cpu, trainer_cpu = cluster_loop(work, code, k, r, nodes, processes, compute, bool(curve))
+        for code, k, r, nodes, *options in stores:
+            name = store_name(code, k, r, nodes, *options)
+            secs, node_cpu, trainer_cpu = cluster_loop(work, code, k, r, nodes, processes, compute, *options)
             runs.setdefault(name, []).append(secs)
             cpu.setdefault(name, []).append((node_cpu, trainer_cpu))
     iters = len(work.batches) - WARMUP
@@ -129,7 +133,8 @@ def table(work: Workload, median: dict, cpu: dict, stores: list = STORES) -> lis
     """[store, ids/s, against none on as many nodes (with CURVE if it has it), against numpy, node and trainer
     CPU ms per iteration] per store."""
     ids = sum(sum(v.size for v in b.values()) for b in work.batches[WARMUP:])
-    none = {store_name(*s): median[store_name("none", 4, 0, *s[3:])] for s in stores}
+    none = {store_name(*s): median[store_name("none", 4, 0, s[3], *[{"keys": True}] * bool(s[4:] and s[4].get("keys")))]
+            for s in stores}
     return [[name, round(ids / secs), round(none[name] / secs, 3) if name in none else "-",
              round(median["numpy"] / secs, 3), *cpu.get(name, ["-", "-"])] for name, secs in median.items()]
 
@@ -145,8 +150,12 @@ def main():
                         help="idle time per iteration between get and apply_gradient (the model's own step)")
     parser.add_argument("--checkpoint-every", type=int, default=15, help="iterations between full checkpoints")
     parser.add_argument("--curve", action="store_true", help="none and xor(4,1), each with and without CURVE keys")
+    parser.add_argument("--one-step-windows", action="store_true",
+                        help="leave out the stores with window_steps (for a build that lacks it)")
     args = parser.parse_args()
     stores = CURVE_STORES if args.curve else STORES
+    if args.one_step_windows:
+        stores = [s for s in stores if not (s[4:] and "window_steps" in s[4])]
     compute = args.compute_ms / 1000
     for name in args.workload:
         work = WORKLOADS[name](args.iters, args.scale)

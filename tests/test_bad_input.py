@@ -133,6 +133,8 @@ def test_a_bad_call_is_refused_by_name_and_changes_nothing(world, call, args, kw
 
 I64 = np.array([1, 2], dtype=np.int64)
 ROWS8 = np.zeros((2, 8), dtype=F)
+DELTA = {"op": "delta", "source": "node/9/x", "seq": 1, "tables": ["items"]}  # a window's parity delta of table
+# "items" (records of 9 float32: 36 bytes)
 # (header, arrays, words): sent to node 0 as they are
 WIRE = [
     ({"op": "frobnicate"}, [], "'frobnicate'"),
@@ -157,6 +159,12 @@ WIRE = [
     ({"op": "delta", "source": "x", "seq": "one", "tables": []}, [], "'seq'"),
     ({"op": "delta", "source": "x", "seq": 1, "tables": ["items", "items"]}, [], "twice"),
     ({"op": "delta", "seq": 1, "tables": []}, [], "'source'"),
+    (DELTA, [I64, I64, np.zeros(72, np.uint8)], "shape must be int64 [1, 2]"),
+    (DELTA, [np.array([[3, 36]]), I64, np.zeros(108, np.uint8)], "ids must be int64 [3]"),
+    (DELTA, [np.array([[2, 36]]), I64, np.zeros(70, np.uint8)], "bytes must be uint8 [72]"),
+    (DELTA, [np.array([[2, 32]]), I64, np.zeros(64, np.uint8)], "must be 36 bytes"),
+    (DELTA, [np.array([[1, 36]]), np.array([5000]), np.zeros(36, np.uint8)], "5000"),
+    (DELTA, [np.array([[-1, 36]]), I64[:0], np.zeros(0, np.uint8)], ">= 0"),
     ({"op": "holds", "table": "nope"}, [I64], "'nope'"),
     ({"op": "get_parity", "table": "items"}, [np.array([10 ** 9])], "1000000000"),
     ({"op": "restore", "table": "items", "cut": {"x": "y"}}, [I64, ROWS8], "cut"),

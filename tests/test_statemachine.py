@@ -4,4 +4,6 @@ from ectable.testing.statemachine import machine_for
 TestXor = machine_for(code="xor", nodes=5, k=4, r=1, spares=2).TestCase
 TestRS = machine_for(code="rs", nodes=6, k=3, r=2, spares=2).TestCase
 TestRSNoSpare = machine_for(code="rs", nodes=5, k=3, r=2, spares=0).TestCase
+TestXorGrouped = machine_for(code="xor", nodes=5, k=4, r=1, spares=2, window_steps=3).TestCase  # 3 steps a window
+TestRSGrouped = machine_for(code="rs", nodes=6, k=3, r=2, spares=1, window_steps=2).TestCase
 TestNone = machine_for(code="none", nodes=4, k=4, r=0, spares=0).TestCase

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 import ectable
@@ -76,3 +77,27 @@ def test_flush_closes_a_window_whose_step_never_reached_its_node():
         cl.apply_gradient("t", np.arange(200), np.ones((200, 4)))  # no step(): every window is open
         cl.settle(time.monotonic() + 10, close=True)
         check_parity(c, cl)
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_a_window_closes_every_window_steps_steps(processes):
+    """window_steps=3: the first two steps leave the window open (each row's delta is sent once for the three
+    iterations), the third closes it; parity is exact after each close."""
+    from ectable.testing import check_parity
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, processes=processes, window_steps=3,
+                              window_seconds=1e9) as c:
+        cl = c.connect()
+        cl.create_table("t", num_rows=300, dim=4, optimizer="adagrad")
+        for rounds in range(2):
+            for step in range(3):
+                cl.apply_gradient("t", np.arange(50 * step, 50 * step + 100), np.ones((100, 4)))
+                cl.step()
+                dirty = cl.status()["dirty_rows"]
+                assert dirty == (0 if step == 2 else 100 + 50 * step), (rounds, step, dirty)
+            check_parity(c, cl)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5, True, "2"])
+def test_window_steps_must_be_a_positive_integer(steps):
+    with pytest.raises(ValueError, match="window_steps"):
+        ectable.LocalCluster(nodes=5, code="xor", k=4, processes=False, window_steps=steps)

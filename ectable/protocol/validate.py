@@ -77,12 +77,19 @@ def rows(table: str, value, n: int, dim: int, what: str = "rows", ids_shape: tup
 
 def coalesce(arr: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique ids (ascending) and their gradients summed in order of appearance."""
+    if ascending(arr):  # unique already (a caller that took np.unique itself): nothing to sum
+        return arr, grads
     uniq, inverse = np.unique(arr, return_inverse=True)
     if uniq.size == arr.size:
         order = np.argsort(arr, kind="stable")
         return arr[order], grads[order]
     with np.errstate(over="ignore"):  # an overflowing sum is rejected by the caller
         return uniq, sum_rows(inverse.reshape(-1), grads, uniq.size)
+
+
+def ascending(arr: np.ndarray) -> bool:
+    """Whether 1-D `arr` is strictly ascending (so unique and sorted)."""
+    return bool((arr[1:] > arr[:-1]).all())
 
 
 def sum_rows(inverse: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

@@ -8,7 +8,6 @@ deltas (`take_outbox`) and reports their acknowledgements (`acked`).
 """
 from __future__ import annotations
 
-import itertools
 import os
 from collections import deque
 
@@ -335,6 +334,8 @@ class Node:
                 at += count
             if at != len(arrays):
                 raise InvalidRequest(f"replay carries {len(arrays)} arrays, its entries name {at}")
+            for shard, _, ids, _ in (part for w in work for part in w):
+                shard.local(ids, rebuilt=False)  # rows of this node only: they are applied later, all or none
             self._need_rebuilt([(shard, ids) for w in work for shard, _, ids, _ in w])
             self.replayed.add(replayer)
             self.writer_seen[replayer] = self.clock()
@@ -429,15 +430,23 @@ class Node:
             if skipped is not None:
                 self.skipped.setdefault(source, deque()).append((seq, now, shard.spec.name, *skipped))
         for entries in whole.values():  # every sender's and table's rows of a width in one pass
-            entries.sort(key=lambda e: id(e[0]))  # each shard's rows next to each other
+            shards = list({id(e[0]): e[0] for e in entries}.values())
+            rank = {id(shard): n for n, shard in enumerate(shards)}
             j, local, pos = (np.concatenate([e[3][n] for e in entries]) for n in range(3))
             terms = self.code.delta_terms(j, pos, np.concatenate([e[2] for e in entries]))
-            at = 0
-            for shard, group in itertools.groupby(entries, key=lambda e: e[0]):
-                group = list(group)
-                n = sum(e[1].size for e in group)
-                shard.fold(local[at:at + n], terms[at:at + n], unique=len(group) == 1)  # one delta names each once
-                at += n
+            owner = np.repeat([rank[id(e[0])] for e in entries], [e[1].size for e in entries])
+            key = owner << 40 | local  # parity offsets < 2**40: sorted by shard, then parity row
+            order = np.argsort(key)
+            key = key[order]
+            first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+            if first.size < key.size:  # a parity row named by several deltas takes all their terms
+                terms = np.bitwise_xor.reduceat(terms[order].view(np.uint32), first, axis=0).view(np.uint8)
+            else:
+                terms = terms[order]
+            key = key[first]
+            bounds = np.searchsorted(key >> 40, np.arange(len(shards) + 1)).tolist()
+            for n, shard in enumerate(shards):
+                shard.fold(key[bounds[n]:bounds[n + 1]] & (1 << 40) - 1, terms[bounds[n]:bounds[n + 1]])
         for source, log in self.skipped.items():  # bounded: a rebuild reading older data reads again
             while log and now - log[0][1] > SKIPPED_SECONDS:
                 self.skipped_from[source] = log.popleft()[0] + 1

@@ -130,9 +130,10 @@ class Shard:
         return local
 
     def unrebuilt(self, ids: np.ndarray) -> np.ndarray:
-        """The ids (owned here) whose rows are not rebuilt yet."""
-        local = self.local(ids, rebuilt=False)
-        return ids[:0] if self.missing_data is None else ids[self.missing_data[local]]
+        """The ids (owned here, which is checked only while rows are missing) whose rows are not rebuilt yet."""
+        if self.missing_data is None:
+            return ids[:0]
+        return ids[self.missing_data[self.local(ids, rebuilt=False)]]
 
     def read(self, ids, committed=False, records=False) -> np.ndarray:
         """Weights (or whole records) of rows; `committed`: as of the open window's start."""
@@ -182,21 +183,13 @@ class Shard:
         return skipped
 
     def _xor_terms(self, j, local, pos, delta) -> None:
-        self.fold(local, self.code.delta_terms(j, pos, delta), unique=True)
+        self.fold(local, self.code.delta_terms(j, pos, delta))
 
-    def fold(self, local: np.ndarray, terms: np.ndarray, unique: bool = False) -> None:
-        """parity[local] ^= terms, row by row; unless `unique`, a parity row named several times takes every
-        term (several senders' deltas folded at once)."""
+    def fold(self, local: np.ndarray, terms: np.ndarray) -> None:
+        """parity[local] ^= terms, for unique parity rows `local`."""
         self._compute_parity(local)
-        if not unique:
-            order = np.argsort(local, kind="stable")
-            ordered = local[order]
-            first = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-            if first.size < local.size:  # XOR the terms of each parity row together first
-                terms = np.bitwise_xor.reduceat(np.ascontiguousarray(terms[order]).view(np.uint32), first, axis=0)
-                local = ordered[first]
         block = self.parity[local]
-        gf256.xor_into(block, terms.view(np.uint8))
+        gf256.xor_into(block, terms)
         self.parity[local] = block
 
     def read_parity(self, stripes) -> tuple[np.ndarray, np.ndarray]:

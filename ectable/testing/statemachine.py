@@ -31,12 +31,14 @@ class ClusterMachine(RuleBasedStateMachine):
 
     nodes, code, k, r, spares = 5, "xor", 4, 1, 2
     window_rows = 50  # small, so windows also close by size
+    window_steps = 1  # steps per window
     processes = False
 
     def __init__(self):
         super().__init__()
         self.cluster = LocalCluster(nodes=self.nodes, code=self.code, k=self.k, r=self.r, spares=self.spares,
-                                    processes=self.processes, window_rows=self.window_rows, window_seconds=1e9)
+                                    processes=self.processes, window_rows=self.window_rows, window_seconds=1e9,
+                                    window_steps=self.window_steps)
         self.client = self.cluster.connect()
         self.model = {}
         for seed, (name, (rows, dim, optimizer)) in enumerate(TABLES.items()):
@@ -162,5 +164,6 @@ class ClusterMachine(RuleBasedStateMachine):
 
 
 def machine_for(**settings) -> type[ClusterMachine]:
-    """A ClusterMachine subclass with other cluster settings (nodes, code, k, r, spares, processes)."""
+    """A ClusterMachine subclass with other cluster settings (nodes, code, k, r, spares, processes,
+    window_rows, window_steps)."""
     return type(f"ClusterMachine_{settings.get('code', 'xor')}", (ClusterMachine,), settings)
