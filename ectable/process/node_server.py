@@ -225,7 +225,7 @@ class NodeServer(NodeHost):
         frames, _ = self.inflight[(target, seq)]
         try:
             for _ in range(2 if "duplicate_deltas" in self.faults else 1):
-                self._peer(target).send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                self._peer(target).send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
             self.fault_hits += "duplicate_deltas" in self.faults
             sent = time.monotonic()
         except zmq.Again:
@@ -242,7 +242,7 @@ class NodeServer(NodeHost):
     def read_acks(self, target, sock) -> None:
         while True:
             try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
             try:
