@@ -19,7 +19,8 @@ from ..errors import InvalidRequest
 from ..protocol import deltas as payload, messages, validate
 from ..protocol.messages import ErrorCode, writer_of
 from .retained import Retained
-from .shard import NotRebuilt, Shard, delta_slots, drain
+from .parity import delta_slots, fold, window_deltas
+from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
@@ -430,23 +431,7 @@ class Node:
             if skipped is not None:
                 self.skipped.setdefault(source, deque()).append((seq, now, shard.spec.name, *skipped))
         for entries in whole.values():  # every sender's and table's rows of a width in one pass
-            shards = list({id(e[0]): e[0] for e in entries}.values())
-            rank = {id(shard): n for n, shard in enumerate(shards)}
-            j, local, pos = (np.concatenate([e[3][n] for e in entries]) for n in range(3))
-            terms = self.code.delta_terms(j, pos, np.concatenate([e[2] for e in entries]))
-            owner = np.repeat([rank[id(e[0])] for e in entries], [e[1].size for e in entries])
-            key = owner << 40 | local  # parity offsets < 2**40: sorted by shard, then parity row
-            order = np.argsort(key)
-            key = key[order]
-            first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-            if first.size < key.size:  # a parity row named by several deltas takes all their terms
-                terms = np.bitwise_xor.reduceat(terms[order].view(np.uint32), first, axis=0).view(np.uint8)
-            else:
-                terms = terms[order]
-            key = key[first]
-            bounds = np.searchsorted(key >> 40, np.arange(len(shards) + 1)).tolist()
-            for n, shard in enumerate(shards):
-                shard.fold(key[bounds[n]:bounds[n + 1]] & (1 << 40) - 1, terms[bounds[n]:bounds[n + 1]])
+            fold(self.code, entries)
         for source, log in self.skipped.items():  # bounded: a rebuild reading older data reads again
             while log and now - log[0][1] > SKIPPED_SECONDS:
                 self.skipped_from[source] = log.popleft()[0] + 1
@@ -617,7 +602,7 @@ class Node:
             self.durable_seq = self.write_seq
             self.window_clients = {}
             return
-        parts = self._window_deltas()
+        parts = window_deltas(self.shards.values(), self.position, self.config)
         self.closed_marks = dict(self.client_marks)
         window_clients, self.window_clients = self.window_clients, {}
         self.closed_windows += 1
@@ -633,40 +618,6 @@ class Node:
             self.outbox.append((target, header, arrays))
             self.unacked[(target, seq)] = window
         self._advance()
-
-    def _window_deltas(self) -> dict:
-        """Drain every shard's window: {target: (tables, delta arrays)} for every other node, each target's
-        rows of every table in one payload (`protocol.deltas`), tables of a width computed together."""
-        r, nodes = self.config.r, self.config.nodes
-        by_width: dict[int, list] = {}
-        for shard in self.shards.values():
-            if len(shard.window):
-                by_width.setdefault(shard.width, []).append(shard)
-        found: dict[int, list] = {t: [] for t in range(nodes) if t != self.position}
-        for group in by_width.values():
-            counts, ids, delta = drain(group)
-            table = np.repeat(np.arange(len(group)), counts)
-            layout = group[0].layout.of_rows(np.repeat([shard.layout.offset for shard in group], counts))
-            stripes = layout.stripe(ids)
-            targets = np.concatenate([layout.parity_node(stripes, j) for j in range(r)])
-            if nodes * len(group) < 1 << 22:  # by target, table, stripe (stripes < 2**40): one sort key
-                order = np.argsort((targets * len(group) + np.tile(table, r)) << 40 | np.tile(stripes, r))
-            else:
-                order = np.lexsort((np.tile(stripes, r), np.tile(table, r), targets))
-            rows = np.tile(np.arange(ids.size), r)[order]
-            bounds = np.searchsorted(targets[order], np.arange(nodes + 1)).tolist()
-            for target in np.flatnonzero(np.diff(bounds)).tolist():  # only the nodes this window has rows for
-                pick = rows[bounds[target]:bounds[target + 1]]
-                found[target].append((group, np.bincount(table[pick], minlength=len(group)), ids[pick], delta[pick]))
-        parts = {}
-        for target, pieces in found.items():
-            names = [shard.spec.name for group, n, _, _ in pieces for shard, c in zip(group, n) if c]
-            shape = np.array([[c, shard.width * 4] for group, n, _, _ in pieces for shard, c in zip(group, n) if c],
-                             dtype=np.int64).reshape(-1, 2)
-            ids = np.concatenate([p[2] for p in pieces] or [np.empty(0, np.int64)])
-            delta = np.concatenate([p[3].reshape(-1) for p in pieces] or [np.empty(0, np.uint8)])
-            parts[target] = (names, [shape, ids, delta])
-        return parts
 
     def take_outbox(self) -> list[tuple[int, dict, list]]:
         out, self.outbox = self.outbox, []

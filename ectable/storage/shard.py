@@ -7,6 +7,7 @@ from ..codes import Code, gf256
 from ..errors import Error, InvalidRequest
 from .initializers import init_rows
 from .optimizers import write_rows
+from .parity import delta_slots
 from ..layout import Layout
 from .table import TableSpec
 from .window import Window
@@ -258,40 +259,3 @@ class Shard:
     def nbytes(self) -> int:
         return self.records.nbytes + self.parity.nbytes + self.window.dirty.nbytes
 
-
-def drain(shards: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Close the windows of shards of one node and one width: (rows per shard, global ids, old ^ new record
-    bytes) of every row they touched, one shard after the other."""
-    drained = [shard.window.drain() for shard in shards]
-    counts = np.array([local.size for local, _ in drained])
-    local = np.concatenate([local for local, _ in drained])
-    delta = np.concatenate([delta for _, delta in drained])
-    layout = shards[0].layout.of_rows(np.repeat([shard.layout.offset for shard in shards], counts))
-    return counts, layout.data_ids(shards[0].node, local), delta
-
-
-def delta_slots(shards: list, counts: np.ndarray, ids: np.ndarray) -> tuple:
-    """`Shard.delta_slots` of the rows of several tables of one node at once: `ids` holds each shard's rows
-    one shard after the other, `counts[t]` of them for `shards[t]`. Raises InvalidRequest naming the table
-    of the first row that is out of range, whose parity is not on this node, or whose stripe does not
-    ascend within its table."""
-    if not shards:
-        return ids[:0], ids[:0], ids[:0]
-    node, bounds = shards[0].node, np.cumsum(counts)
-    layout = shards[0].layout.of_rows(np.repeat([s.layout.offset for s in shards], counts))
-    name = lambda row: shards[int(np.searchsorted(bounds, row, side="right"))].spec.name  # noqa: E731
-    limit = np.repeat([s.spec.num_rows for s in shards], counts)
-    bad = np.flatnonzero((ids < 0) | (ids >= limit))
-    if bad.size:
-        raise InvalidRequest(f"table {name(bad[0])!r}: id {ids[bad[0]]} is out of range [0, {limit[bad[0]]})")
-    stripes = layout.stripe(ids)
-    j = layout.slot_on(node, stripes) - layout.k
-    bad = np.flatnonzero(j.view(np.uint64) >= layout.r)  # negative j wraps to a huge unsigned value
-    if bad.size:
-        raise InvalidRequest(f"table {name(bad[0])!r}: node {node} holds no parity of some stripes")
-    descending = np.concatenate(([False], stripes[1:] <= stripes[:-1]))  # rows not above the one before...
-    descending[bounds[:-1][bounds[:-1] < ids.size]] = False  # ...within their table
-    if descending.any():
-        raise InvalidRequest(f"table {name(np.argmax(descending))!r}: a delta must name its stripes in ascending "
-                             f"order, each once")
-    return j, layout.parity_offset(stripes, j), layout.position(ids)
