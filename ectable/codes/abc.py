@@ -25,6 +25,7 @@ class Code(ABC):
     """An erasure code over GF(2^8) with k data and r parity slots per stripe."""
 
     codec_id: str = ""
+    unit = False  # every coefficient is 1: a delta is its own term (`delta_terms` returns it)
 
     def __init__(self, k: int, r: int):
         self.k, self.r = int(k), int(r)

@@ -9,6 +9,7 @@ from .abc import Code
 
 class XorCode(Code):
     codec_id = "xor"
+    unit = True
 
     def __init__(self, k: int, r: int = 1):
         if r != 1:

@@ -87,23 +87,14 @@ def window_deltas(shards, position: int, config) -> dict:
 
 def fold(code, entries: list) -> None:
     """Fold queued deltas of one width, [(shard, ids, delta, slots, ...)] from any senders and tables, into
-    their shards' parity rows (every parity row of those shards is there): one GF(2^8) pass per coefficient
-    for all of them, one sort by (shard, parity row) that XOR-reduces the rows several deltas name, then
-    one gather, XOR and scatter per shard."""
-    shards = list({id(e[0]): e[0] for e in entries}.values())
-    rank = {id(shard): n for n, shard in enumerate(shards)}
-    j, local, pos = (np.concatenate([e[3][n] for e in entries]) for n in range(3))
-    terms = code.delta_terms(j, pos, np.concatenate([e[2] for e in entries]))
-    owner = np.repeat([rank[id(e[0])] for e in entries], [e[1].size for e in entries])
-    key = owner << 40 | local  # parity offsets < 2**40: sorted by shard, then parity row
-    order = np.argsort(key)
-    key = key[order]
-    first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-    if first.size < key.size:  # a parity row named by several deltas takes all their terms
-        terms = np.bitwise_xor.reduceat(terms[order].view(np.uint32), first, axis=0).view(np.uint8)
+    their shards' parity rows (every parity row of those shards is there). The GF(2^8) terms of all of
+    them take one pass per coefficient (at most k * r passes, however many deltas); each delta's terms
+    then go into its shard's parity rows in one gather, XOR and scatter (a delta names each row once)."""
+    if code.unit:  # XOR: a delta is its own term
+        terms = [e[2] for e in entries]
     else:
-        terms = terms[order]
-    key = key[first]
-    bounds = np.searchsorted(key >> 40, np.arange(len(shards) + 1)).tolist()
-    for n, shard in enumerate(shards):
-        shard.fold(key[bounds[n]:bounds[n + 1]] & (1 << 40) - 1, terms[bounds[n]:bounds[n + 1]])
+        j, pos = (np.concatenate([e[3][n] for e in entries]) for n in (0, 2))
+        terms = np.split(code.delta_terms(j, pos, np.concatenate([e[2] for e in entries])),
+                         np.cumsum([e[1].size for e in entries])[:-1])
+    for entry, term in zip(entries, terms):
+        entry[0].fold(entry[3][1], term)
