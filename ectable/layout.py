@@ -13,7 +13,6 @@ On its node, data row `id` of stripe `s` is stored at local offset
 """
 from __future__ import annotations
 
-import dataclasses
 import zlib
 from dataclasses import dataclass
 
@@ -50,10 +49,16 @@ class Layout:
         """Slots per stripe: k + r."""
         return self.k + self.r
 
-    def of_rows(self, offsets: np.ndarray) -> "Layout":
-        """This layout with one table offset per row (`offsets`, an array): the placement math of rows of
-        several tables, of the same nodes, k and r, in one vectorised call each."""
-        return dataclasses.replace(self, offset=offsets)
+    @staticmethod
+    def of_rows(layouts: list, counts) -> "Layout":
+        """A layout of rows of several tables of the same nodes, k and r (`counts[t]` rows of `layouts[t]`,
+        one table after the other): its offset is one per row, so the placement math of them all is one
+        vectorised call each."""
+        if len(layouts) == 1:
+            return layouts[0]
+        rows = object.__new__(Layout)  # __init__ would check the fields again: the tables' layouts passed
+        rows.__dict__.update(layouts[0].__dict__, offset=np.repeat([layout.offset for layout in layouts], counts))
+        return rows
 
     # -- rows -> nodes ---------------------------------------------------
     def stripe(self, ids):

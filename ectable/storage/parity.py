@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidRequest
+from ..layout import Layout
 
 
 def drain(shards: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -19,7 +20,7 @@ def drain(shards: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     counts = np.array([local.size for local, _ in drained])
     local = np.concatenate([local for local, _ in drained])
     delta = np.concatenate([delta for _, delta in drained])
-    layout = shards[0].layout.of_rows(np.repeat([shard.layout.offset for shard in shards], counts))
+    layout = Layout.of_rows([shard.layout for shard in shards], counts)
     return counts, layout.data_ids(shards[0].node, local), delta
 
 
@@ -31,12 +32,13 @@ def delta_slots(shards: list, counts: np.ndarray, ids: np.ndarray) -> tuple:
     if not shards:
         return ids[:0], ids[:0], ids[:0]
     node, bounds = shards[0].node, np.cumsum(counts)
-    layout = shards[0].layout.of_rows(np.repeat([s.layout.offset for s in shards], counts))
+    layout = Layout.of_rows([s.layout for s in shards], counts)
     name = lambda row: shards[int(np.searchsorted(bounds, row, side="right"))].spec.name  # noqa: E731
-    limit = np.repeat([s.spec.num_rows for s in shards], counts)
+    limit = shards[0].spec.num_rows if len(shards) == 1 else np.repeat([s.spec.num_rows for s in shards], counts)
     bad = np.flatnonzero((ids < 0) | (ids >= limit))
     if bad.size:
-        raise InvalidRequest(f"table {name(bad[0])!r}: id {ids[bad[0]]} is out of range [0, {limit[bad[0]]})")
+        raise InvalidRequest(f"table {name(bad[0])!r}: id {ids[bad[0]]} is out of range "
+                             f"[0, {np.broadcast_to(limit, ids.shape)[bad[0]]})")
     stripes = layout.stripe(ids)
     j = layout.slot_on(node, stripes) - layout.k
     bad = np.flatnonzero(j.view(np.uint64) >= layout.r)  # negative j wraps to a huge unsigned value
@@ -62,7 +64,7 @@ def window_deltas(shards, position: int, config) -> dict:
     for group in by_width.values():
         counts, ids, delta = drain(group)
         table = np.repeat(np.arange(len(group)), counts)
-        layout = group[0].layout.of_rows(np.repeat([shard.layout.offset for shard in group], counts))
+        layout = Layout.of_rows([shard.layout for shard in group], counts)
         stripes = layout.stripe(ids)
         targets = np.concatenate([layout.parity_node(stripes, j) for j in range(r)])
         if nodes * len(group) < 1 << 22:  # by target, table, stripe (stripes < 2**40): one sort key
