@@ -36,7 +36,7 @@ def unpack(tables: int, arrays) -> tuple[np.ndarray, np.ndarray, list]:
         raise InvalidRequest(f"a delta's shape must be int64 [{tables}, 2] (rows, bytes per row per table), "
                              f"got {shape.dtype}{list(shape.shape)}")
     rows, width = shape[:, 0], shape[:, 1]
-    if (rows < 0).any() or (width < 1).any() or (width > MAX_ROW_BYTES).any():
+    if tables and (rows.min() < 0 or width.min() < 1 or width.max() > MAX_ROW_BYTES):
         raise InvalidRequest("a delta's rows per table must be >= 0 and its bytes per row in [1, 2**20]")
     if ids.dtype != np.int64 or ids.shape != (int(rows.sum()),):
         raise InvalidRequest(f"a delta's ids must be int64 [{int(rows.sum())}], got {ids.dtype}{list(ids.shape)}")

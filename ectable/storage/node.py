@@ -388,7 +388,6 @@ class Node:
         if seq != last + 1:  # an earlier one is still on its way: the sender resends this one
             return messages.error(ErrorCode.OUT_OF_ORDER, f"expected delta {last + 1} of {source}, got {seq}"), []
         rows, ids, deltas = payload.unpack(len(tables), arrays)
-        bounds = np.concatenate(([0], np.cumsum(rows))).tolist()
         kept = [t for t, name in enumerate(tables) if not (isinstance(name, str) and name in self.dropped)]
         shards = [self._shard(tables[t]) for t in kept]  # a table dropped here: sent before its drop, moot
         for t, shard in zip(kept, shards):  # check everything before changing anything
@@ -396,11 +395,11 @@ class Node:
                 raise InvalidRequest(f"table {shard.spec.name!r}: delta rows must be {shard.width * 4} bytes, "
                                      f"got {deltas[t].shape[1]}")
         if len(kept) < len(tables):
-            ids = np.concatenate([ids[bounds[t]:bounds[t + 1]] for t in kept] or [ids[:0]])
-        counts = rows[kept]
-        slots = delta_slots(shards, counts, ids)  # every table's rows at once
-        at = np.concatenate(([0], np.cumsum(counts))).tolist()
-        work = [(shard, ids[a:b], deltas[t], tuple(x[a:b] for x in slots), source, seq)
+            bounds = np.concatenate(([0], np.cumsum(rows))).tolist()
+            ids, rows = np.concatenate([ids[bounds[t]:bounds[t + 1]] for t in kept] or [ids[:0]]), rows[kept]
+        j, local, pos = delta_slots(shards, rows, ids)  # every table's rows at once
+        at = [0, *np.cumsum(rows).tolist()]
+        work = [(shard, ids[a:b], deltas[t], (j[a:b], local[a:b], pos[a:b]), source, seq)
                 for shard, t, a, b in zip(shards, kept, at, at[1:])]
         if msg.dead is not None:  # counted at once; the bytes follow before anything reads parity
             for shard, ids, *_ in work:
