@@ -128,12 +128,44 @@ def memory_per_node(plt) -> None:
     fig.savefig(IMG / "memory_per_node.png", dpi=110)
 
 
+def node_cpu(plt) -> None:
+    """Node CPU per iteration of each store in the training loop, and a node's parity work by part."""
+    loop, parts = _load("train_loop_criteo_compute20ms"), _load("node_time_criteo")
+    if not loop or "cpu_ms_per_iteration" not in loop or not parts:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    cpu = loop["cpu_ms_per_iteration"]
+    names = [n for n in cpu if "CURVE" not in n]
+    left.barh(np.arange(len(names)), [cpu[n][0] for n in names], color="tab:blue", label="node processes")
+    left.barh(np.arange(len(names)), [cpu[n][1] for n in names], left=[cpu[n][0] for n in names],
+              color="tab:gray", label="trainer")
+    left.set_yticks(np.arange(len(names)))
+    left.set_yticklabels([n.replace(", window_seconds=1.0", "") for n in names], fontsize=7)
+    left.invert_yaxis()
+    left.set_xlabel("CPU ms per iteration")
+    left.set_title("Training loop, criteo-like, 20 ms model step", fontsize=9)
+    left.legend(fontsize=7)
+    columns = parts["columns"]
+    pieces = [c for c in ("close_window", "op_delta", "apply_queued") if c in columns]
+    stores = [row[0] for row in parts["rows"] if row[0] != "none"]
+    bottom = np.zeros(len(stores))
+    for piece in pieces:
+        values = np.array([row[columns.index(piece)] for row in parts["rows"] if row[0] != "none"], dtype=float)
+        right.bar(stores, values, bottom=bottom, label=piece)
+        bottom += values
+    right.set_ylabel("ms per iteration, 6 nodes")
+    right.set_title("Parity work by part, in process", fontsize=9)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(IMG / "node_cpu.png", dpi=110)
+
+
 def main() -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     IMG.mkdir(parents=True, exist_ok=True)
-    for plot in (train_loop, recovery_during, recovery_size, recovery_vs_checkpoint, memory_per_node):
+    for plot in (train_loop, node_cpu, recovery_during, recovery_size, recovery_vs_checkpoint, memory_per_node):
         plot(plt)
     print(f"wrote plots to {IMG}")
 
