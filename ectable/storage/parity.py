@@ -13,17 +13,6 @@ from ..errors import InvalidRequest
 from ..layout import Layout
 
 
-def drain(shards: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Close the windows of shards of one node and one width: (rows per shard, global ids, old ^ new record
-    bytes) of every row they touched, one shard after the other."""
-    drained = [shard.window.drain() for shard in shards]
-    counts = np.array([local.size for local, _ in drained])
-    local = np.concatenate([local for local, _ in drained])
-    delta = np.concatenate([delta for _, delta in drained])
-    layout = Layout.of_rows([shard.layout for shard in shards], counts)
-    return counts, layout.data_ids(shards[0].node, local), delta
-
-
 def delta_slots(shards: list, counts: np.ndarray, ids: np.ndarray) -> tuple:
     """`Shard.delta_slots` of the rows of several tables of one node at once: `ids` holds each shard's rows
     one shard after the other, `counts[t]` of them for `shards[t]`. Raises InvalidRequest naming the table
@@ -62,9 +51,12 @@ def window_deltas(shards, position: int, config) -> dict:
             by_width.setdefault(shard.width, []).append(shard)
     found: dict[int, list] = {t: [] for t in range(nodes) if t != position}
     for group in by_width.values():
-        counts, ids, delta = drain(group)
-        table = np.repeat(np.arange(len(group)), counts)
+        drained = [shard.window.drain() for shard in group]  # (local rows, old ^ new record bytes) each
+        counts = np.array([local.size for local, _ in drained])
         layout = Layout.of_rows([shard.layout for shard in group], counts)
+        ids = layout.data_ids(position, np.concatenate([local for local, _ in drained]))
+        delta = np.concatenate([delta for _, delta in drained])
+        table = np.repeat(np.arange(len(group)), counts)
         stripes = layout.stripe(ids)
         targets = np.concatenate([layout.parity_node(stripes, j) for j in range(r)])
         if nodes * len(group) < 1 << 22:  # by target, table, stripe (stripes < 2**40): one sort key
