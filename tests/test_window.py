@@ -101,3 +101,51 @@ def test_a_window_closes_every_window_steps_steps(processes):
 def test_window_steps_must_be_a_positive_integer(steps):
     with pytest.raises(ValueError, match="window_steps"):
         ectable.LocalCluster(nodes=5, code="xor", k=4, processes=False, window_steps=steps)
+
+
+def _dirty_seen_by_another_client(cluster, until_clean: bool) -> int:
+    """Dirty rows as a second client sees them (its status() sends no step of the first), polled until 0 if
+    `until_clean` (at most 10 s: a step sent without waiting reaches a node process a moment later)."""
+    import time
+    other = cluster.connect()
+    deadline = time.monotonic() + 10
+    while True:
+        dirty = other.status()["dirty_rows"]
+        if not until_clean or dirty == 0 or time.monotonic() > deadline:
+            return dirty
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_a_step_goes_out_as_the_next_read_returns(processes):
+    """step() asks nothing of the nodes yet; the next get_many sends it after its reads (so the nodes close
+    their windows while the caller's model computes), and parity is exact then."""
+    from ectable.testing import check_parity
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, processes=processes, window_seconds=1e9) as c:
+        cl = c.connect()
+        cl.create_table("t", num_rows=300, dim=4, optimizer="adagrad")
+        cl.apply_gradient("t", np.arange(100), np.ones((100, 4)))
+        cl.step()
+        assert _dirty_seen_by_another_client(c, until_clean=False) == 100  # not sent yet
+        rows = cl.get_many({"t": np.arange(100)})["t"]
+        assert rows.shape == (100, 4)
+        assert _dirty_seen_by_another_client(c, until_clean=True) == 0
+        check_parity(c, cl)
+
+
+@pytest.mark.parametrize("call", ["put", "status", "close"])
+def test_a_step_goes_out_before_any_other_call(call):
+    """A step not sent yet goes out before a write (its window holds only the writes before it), before any
+    other call, and when the client closes."""
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, processes=True, window_seconds=1e9) as c:
+        cl = c.connect()
+        cl.create_table("t", num_rows=300, dim=4)
+        cl.put("t", np.arange(60), np.ones((60, 4)))
+        cl.step()
+        if call == "put":
+            cl.put("t", np.arange(200, 230), np.ones((30, 4)))
+            cl.status()  # collects the step's replies; the window holds the put after it
+            assert _dirty_seen_by_another_client(c, until_clean=False) == 30
+            return
+        getattr(cl, call)()
+        assert _dirty_seen_by_another_client(c, until_clean=True) == 0

@@ -46,12 +46,26 @@ class _Moved(Exception):
 
 
 def _open(method):
-    """A public call: `Error("client closed")` once the client was closed."""
+    """A public call: `Error("client closed")` once the client was closed; a `step()` not sent yet goes first."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if self._closed:
             raise Error("client closed")
+        self._send_step()
         return method(self, *args, **kwargs)
+    return call
+
+
+def _read(method):
+    """A public read: `Error("client closed")` once the client was closed; a `step()` not sent yet goes after it
+    (the caller's model computes next: the nodes close their windows meanwhile)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if self._closed:
+            raise Error("client closed")
+        out = method(self, *args, **kwargs)
+        self._send_step()
+        return out
     return call
 
 
@@ -68,6 +82,7 @@ class Client:
         self.repair = Repair(self)
         self.rebuild_budget = REBUILD_BUDGET
         self._steps: dict = {}  # step requests whose replies are not collected yet
+        self._step_due = False  # step() was called, its requests not sent yet (`step`)
         self._token = clock.token_hex(8)
         self.cid: str | None = None  # "writer/token" from its first write: names its writes in the nodes' deltas
         self._cseq = 0
@@ -80,8 +95,13 @@ class Client:
     owns_cluster = False
 
     def close(self) -> None:
-        """Release the connection (and the cluster map, for clients of `ectable.connect`); later calls raise
-        `Error("client closed")`."""
+        """Close the windows of a `step()` not sent yet, then release the connection (and the cluster map, for
+        clients of `ectable.connect`); later calls raise `Error("client closed")`."""
+        if self._step_due and not self._closed:
+            try:
+                self._close_windows(wait=True)
+            except Error:
+                pass  # the nodes' own timers close them
         if self.owns_cluster and not self._closed:
             self.cluster.close()
         self._closed = True
@@ -170,7 +190,7 @@ class Client:
                 return
 
     # -- reads -----------------------------------------------------------
-    @_open
+    @_read
     def get(self, table: str, ids=None) -> np.ndarray:
         """Rows of `ids` (any shape S, as torch's `embedding` takes them) as float32 [*S, dim], in order,
         duplicates repeated."""
@@ -179,7 +199,7 @@ class Client:
         self._table(table)  # a table named by something unhashable is refused by name
         return self.get_many({table: ids})[table]
 
-    @_open
+    @_read
     def get_many(self, batch: dict) -> dict:
         """{table: ids} -> {table: rows}, one request per node for all tables, sent in parallel."""
         plan = {}
@@ -199,7 +219,7 @@ class Client:
             rows = done[p] if p in done else self._read_node(p, {table: ids for table, ids, _ in ps})
             for n, (table, _, where) in enumerate(ps):
                 plan[table][2][where] = rows[n]
-        return {table: out[inverse] for table, (_, inverse, out) in plan.items()}
+        return {table: rows[inverse] for table, (_, inverse, rows) in plan.items()}
 
     def _read_node(self, p, ids: dict, records: bool = False) -> list:
         """Rows (or whole `records`) of {table: ids}, in that order, from node p, decoding them if it is
@@ -398,9 +418,11 @@ class Client:
     # -- iteration boundary ----------------------------------------------
     @_open
     def step(self) -> None:
-        """Close every node's dirty window (all nodes at once); its parity deltas go out. In process, it
-        also advances any rebuild (node processes rebuild themselves)."""
-        self._close_windows()
+        """Mark the iteration boundary: every node's dirty window is closed and its parity deltas go out, asked
+        for as the next read (`get`, `get_many`) returns, so that the nodes do it while the caller's model
+        computes, or before any other call, whichever comes first. In process, it also advances any rebuild
+        (node processes rebuild themselves)."""
+        self._step_due = True
         if not self.cluster.rebuilds_itself:
             self._catch_up()
             for p in self._positions():
@@ -412,9 +434,14 @@ class Client:
         left = self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, budget))
         return left or 0
 
+    def _send_step(self) -> None:
+        if self._step_due:
+            self._close_windows()
+
     def _close_windows(self, wait: bool = False) -> None:
         """Ask every node to close its window; the replies are collected by the next request
         (so a node's closing overlaps the caller's own work), or now if `wait`."""
+        self._step_due = False
         self._finish_steps()
         self._catch_up()
         for p in self._positions():
