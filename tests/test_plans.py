@@ -119,6 +119,16 @@ def test_a_dead_nodes_holders_roll_back_to_the_lowest_window_any_holds():
     assert plans.rollback_level({0: 2, 1: 2}, {0: 2, 1: 2}) == 2
 
 
+def test_a_rebuilding_holder_with_none_of_the_rows_has_no_say():
+    """Simulation seed rs 1388: a spare rebuilding position 3 had none of the dead node's stripes' parity rows
+    and no known level; it stopped the rollback, and the fallback left stripes short of k slots."""
+    none, some = np.zeros(3, bool), np.array([False, True, False])
+    assert plans.holding_none([{3: none}, {}]) == {3}  # its level is moot: its rows are rebuilt afterwards
+    assert plans.holding_none([{3: none}, {3: some}]) == set()  # a row of another table: its level counts
+    assert plans.holding_none([{3: None, 5: none}]) == {5}  # 3 did not answer: it keeps its say
+    assert plans.holding_none([]) == set()
+
+
 def test_only_the_holders_of_a_dead_nodes_stripes_decide_how_far_back_to_roll():
     """A survivor holding no parity of the dead position's stripes has no say (found by simulation seed xor 299:
     a spare that held none reported window 0, and the holders took out a window every target had acknowledged,

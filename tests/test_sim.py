@@ -54,7 +54,10 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
                      "deltas had no known level, so no rollback: holders forgot parity rows, and a second loss "
                      "left a stripe short of k slots (Unavailable); also rs 684 and rs 985"),
          ("xor", 299, "with rs 488's fix, a spare holding no parity of the dead node's stripes reported window 0, and "
-                      "the holders took out a window every target had acknowledged (writes no client kept)")]
+                      "the holders took out a window every target had acknowledged (writes no client kept)"),
+         ("rs", 1388, "a spare rebuilding a position, holding none of a dead node's stripes' parity rows yet, had no "
+                      "known level and stopped the rollback: a holder one window behind forgot its rows of stripes "
+                      "whose other two slots were dead and rebuilding (Unavailable)")]
 
 
 @pytest.mark.timeout(300)

@@ -145,7 +145,9 @@ class Decider:
         config = ClusterConfig(**m.config)
         layouts = [config.layout(TableSpec.from_config(spec)) for spec in tables]
         holders = plans.parity_holders(layouts, p)
-        holding = [q for q in survivors if q in holders]  # the others' levels are moot
+        has = [self._holds(m, layout, spec["name"], p) for spec, layout in zip(tables, layouts)]
+        moot = plans.holding_none(has)  # rebuilding holders lacking every such row: rebuilt later, from holders that agree
+        holding = [q for q in survivors if q in holders and q not in moot]  # the others' levels are moot
         floor = plans.rollback_level({q: replies[q].get("window") for q in holding},
                                      {q: replies[q].get("kept") for q in holding})
         score = None  # with a floor, no parity row is forgotten
@@ -161,8 +163,8 @@ class Decider:
             for q in survivors:
                 score[q] = sum(marks[q].values())
         new, lacking = m, []
-        for spec, layout in zip(tables, layouts):
-            new, failed, lack = self._forget_stale(new, layout, spec["name"], p, score)
+        for spec, layout, h in zip(tables, layouts, has):
+            new, failed, lack = self._forget_stale(new, layout, spec["name"], p, score, h)
             if failed:
                 return self._unanswered(m, failed)
             lacking += [[q, spec["name"], stripes.tolist()] for q, stripes in lack.items() if stripes.size]
@@ -186,17 +188,23 @@ class Decider:
             del self.silences[e]
         return self._swap(m, plans.declare_dead(m, dead)) is not None
 
-    def _forget_stale(self, m: Map, layout, table: str, p: int, score) -> tuple[Map, list, dict]:
-        """Invalidate, on every holder behind (by `score`; None: none is), the parity rows of `table`'s stripes
-        that p held data in; also {holder: stripes whose parity row it lacks now} (rebuilding, or just
-        invalidated)."""
+    def _holds(self, m: Map, layout, table: str, p: int) -> dict:
+        """{rebuilding holder: which parity rows of `table`'s stripes that p held data in it has (None: it did
+        not answer)}."""
         stripes, holders = plans.reconcile_stripes(layout, p)
         rebuilding = [int(q) for q in np.unique(holders) if m.states[q] == "rebuilding"]
-        rows = {q: (holders == q).any(axis=1) for q in rebuilding}
-        ok, failed = self._ask({m.endpoints[q]: (Holds(table=table).header(), [stripes[rows[q]]]) for q in rebuilding})
-        has = {q: ok[m.endpoints[q]][1][0].astype(bool) if m.endpoints[q] in ok else np.zeros(rows[q].sum(), bool)
-               for q in rebuilding}
-        lacking = {q: stripes[rows[q]][~has[q]] for q in rebuilding}
+        ok, _ = self._ask({m.endpoints[q]: (Holds(table=table).header(), [stripes[(holders == q).any(axis=1)]])
+                           for q in rebuilding})
+        return {q: ok[m.endpoints[q]][1][0].astype(bool) if m.endpoints[q] in ok else None for q in rebuilding}
+
+    def _forget_stale(self, m: Map, layout, table: str, p: int, score, has: dict) -> tuple[Map, list, dict]:
+        """Invalidate, on every holder behind (by `score`; None: none is), the parity rows of `table`'s stripes
+        that p held data in (`has`: see `_holds`); also {holder: stripes whose parity row it lacks now}
+        (rebuilding, or just invalidated)."""
+        stripes, holders = plans.reconcile_stripes(layout, p)
+        rows = {q: (holders == q).any(axis=1) for q in has}
+        has = {q: np.zeros(rows[q].sum(), bool) if h is None else h for q, h in has.items()}
+        lacking = {q: stripes[rows[q]][~has[q]] for q in has}
         stale = plans.stale_parity(stripes, holders, score, has) if score is not None else {}
         ok, failed = self._ask({m.endpoints[q]: (Invalidate(table=table).header(), [s]) for q, s in stale.items()})
         for q, s in stale.items():

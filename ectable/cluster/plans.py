@@ -84,6 +84,14 @@ def parity_holders(layouts: list, p: int) -> set[int]:
     return {int(q) for layout in layouts for q in np.unique(reconcile_stripes(layout, p)[1])}
 
 
+def holding_none(has: list) -> set[int]:
+    """Rebuilding holders that answered for every table and have none of the parity rows of the dead node's
+    stripes (`has`: per table {holder: which rows it has, or None if it did not answer}). Their level of
+    the dead node's deltas (unknown on a spare) is moot: their rows are rebuilt after the reconcile."""
+    qs = {q for h in has for q in h}
+    return {q for q in qs if all(h[q] is not None and not h[q].any() for h in has if q in h)}
+
+
 def rollback_level(windows: dict, kept: dict) -> int | None:
     """The window of a dead node's deltas every survivor can go back to: the lowest any holds, if each
     one above it still keeps its deltas since (`windows`, `kept`: {survivor: window, or None if it took
