@@ -2,7 +2,7 @@
 
 Runs the training loop (get_many, apply_gradient_many, step; no model step) on an in-process
 cluster, so that every node runs in this one thread and the times are CPU times with no other
-process competing, and times each of the node's methods below with `perf_counter`, summed over
+process competing, and times each of the node's methods below in thread CPU time, summed over
 the nodes. Each store runs `--repeat` times; the run with the lowest parity total counts.
 
     python -m bench.node_time --workload criteo --scale 0.1
@@ -32,11 +32,11 @@ def timed(work, code: str, k: int, r: int) -> dict:
 
     def wrap(name, method):
         def call(*args, **kwargs):
-            start = time.perf_counter()
+            start = time.thread_time()
             try:
                 return method(*args, **kwargs)
             finally:
-                spent[name] += time.perf_counter() - start
+                spent[name] += time.thread_time() - start
         return call
 
     for name, method in saved.items():

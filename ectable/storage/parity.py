@@ -82,29 +82,13 @@ def window_deltas(shards, position: int, config) -> dict:
 def fold(code, entries: list) -> None:
     """Fold queued deltas of one width, [(shard, ids, delta, slots, ...)] from any senders and tables, into
     their shards' parity rows (every parity row of those shards is there). The GF(2^8) terms of all of
-    them take one pass per coefficient (at most k * r passes, however many deltas); each shard's terms,
-    from every sender (XORed together where several name one parity row), then go into its parity rows
-    in one gather, XOR and scatter."""
+    them take one pass per coefficient (at most k * r passes, however many deltas); each delta's terms
+    then go into its shard's parity rows in one gather, XOR and scatter (a delta names each row once)."""
     if code.unit:  # XOR: a delta is its own term
         terms = [e[2] for e in entries]
     else:
         j, pos = (np.concatenate([e[3][n] for e in entries]) for n in (0, 2))
         terms = np.split(code.delta_terms(j, pos, np.concatenate([e[2] for e in entries])),
                          np.cumsum([e[1].size for e in entries])[:-1])
-    by_shard: dict[int, tuple] = {}
     for entry, term in zip(entries, terms):
-        shard, locals_, terms_ = by_shard.setdefault(id(entry[0]), (entry[0], [], []))
-        locals_.append(entry[3][1])
-        terms_.append(term)
-    for shard, locals_, terms_ in by_shard.values():
-        if len(locals_) == 1:  # one sender: its rows are unique
-            shard.fold(locals_[0], terms_[0])
-            continue
-        local = np.concatenate(locals_)
-        order = np.argsort(local, kind="stable")
-        local = local[order]
-        first = np.flatnonzero(np.concatenate(([True], local[1:] != local[:-1])))
-        term = np.concatenate(terms_)[order]
-        if first.size < local.size:  # several senders' rows of one stripe: one term each
-            term = np.bitwise_xor.reduceat(term.view(np.uint32), first, axis=0).view(np.uint8)
-        shard.fold(local[first], term)
+        entry[0].fold(entry[3][1], term)
