@@ -149,3 +149,15 @@ def test_a_step_goes_out_before_any_other_call(call):
             return
         getattr(cl, call)()
         assert _dirty_seen_by_another_client(c, until_clean=True) == 0
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_a_client_closed_after_its_cluster_with_a_step_due_closes_quietly(processes):
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, processes=processes) as c:
+        cl = c.connect()
+        cl.create_table("t", num_rows=100, dim=4)
+        cl.put("t", np.arange(10), np.ones((10, 4)))
+        cl.step()
+    cl.close()  # its step cannot go out: the nodes are gone, and so are their windows
+    with pytest.raises(ectable.Error, match="client closed"):
+        cl.step()

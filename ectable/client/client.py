@@ -100,8 +100,8 @@ class Client:
         if self._step_due and not self._closed:
             try:
                 self._close_windows(wait=True)
-            except Error:
-                pass  # the nodes' own timers close them
+            except Exception:  # nodes unreachable, or the cluster closed already: their own timers close them
+                pass
         if self.owns_cluster and not self._closed:
             self.cluster.close()
         self._closed = True
