@@ -1,0 +1,142 @@
+"""A checkpoint's files: pieces of rows, and the manifest that makes them a checkpoint.
+
+A checkpoint is a directory (a local path or any `fsspec` URL) holding pieces and one
+`manifest.json`. A piece holds some rows of one table, by row id, so it does not depend on
+the layout of the cluster that wrote it: their ids, their weights (quantized, `quantize.py`,
+or exact float32) and their optimizer state (exact), compressed with lz4. Its bytes are
+
+    MAGIC, header length (4 bytes, little-endian), msgpack header, lz4 frame of the arrays
+
+and the header names each array's dtype, shape and offset in the decompressed body. The
+manifest, written last and moved into place in one step, lists every piece with its size and
+SHA-256: a directory without it, or whose pieces do not match it, is not a checkpoint, and
+reading it says which piece is wrong.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import uuid
+
+import fsspec
+import lz4.frame
+import msgpack
+import numpy as np
+
+from ..errors import Error
+from . import quantize
+
+MAGIC = b"ECTABLE-PIECE-1\n"
+MANIFEST = "manifest.json"
+FORMAT = 1
+_DTYPES = {"i8": np.dtype("<i8"), "f4": np.dtype("<f4"), "u1": np.dtype("u1")}
+
+
+class BadCheckpoint(Error):
+    """A checkpoint is missing, partial, corrupt or does not fit what it is restored into; names the piece."""
+
+
+def location(url: str):
+    """(filesystem, root path) of a local path or fsspec URL."""
+    return fsspec.core.url_to_fs(url)
+
+
+def encode_piece(table: str, ids: np.ndarray, weights: np.ndarray, state: np.ndarray,
+                 bits: int | None = None, adaptive: bool = False) -> bytes:
+    """A piece's bytes: rows `ids` of `table`, their weights float32 [n, dim] (as `bits`-bit codes, or exact
+    if None) and optimizer state float32 [n, s] (exact)."""
+    arrays = {"ids": np.asarray(ids, dtype=np.int64)}
+    header = {"table": table, "rows": int(arrays["ids"].size), "dim": int(weights.shape[1]), "bits": bits,
+              "adaptive": bool(adaptive and bits is not None)}
+    if bits is None:
+        arrays["weights"] = np.asarray(weights, dtype=np.float32)
+    else:
+        stored = quantize.quantize(weights, bits, adaptive)
+        arrays.update(codes=stored.codes, lo=stored.lo, scale=stored.scale)
+    arrays["state"] = np.asarray(state, dtype=np.float32)
+    layout, at = [], 0
+    for name, arr in arrays.items():
+        code = next(c for c, dt in _DTYPES.items() if dt == arr.dtype)
+        layout.append([name, code, list(arr.shape), at])
+        at += arr.nbytes
+    header["arrays"] = layout
+    body = lz4.frame.compress(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays.values()))
+    head = msgpack.packb(header, use_bin_type=True)
+    return MAGIC + struct.pack("<I", len(head)) + head + body
+
+
+def decode_piece(data: bytes, name: str = "piece") -> dict:
+    """{table, rows, dim, bits, adaptive, ids, weights float32 [n, dim], state} of a piece's bytes;
+    BadCheckpoint naming `name` if they are not one."""
+    try:
+        if not data.startswith(MAGIC):
+            raise ValueError("not a piece of an ectable checkpoint")
+        (size,) = struct.unpack_from("<I", data, len(MAGIC))
+        start = len(MAGIC) + 4
+        header = msgpack.unpackb(data[start:start + size], raw=False)
+        body = lz4.frame.decompress(data[start + size:])
+        arrays = {}
+        for key, code, shape, at in header["arrays"]:
+            dtype = _DTYPES[code]
+            count = int(np.prod(shape))
+            if at < 0 or at + count * dtype.itemsize > len(body):
+                raise ValueError(f"array {key!r} runs past the piece's end")
+            arrays[key] = np.frombuffer(body, dtype=dtype, count=count, offset=at).reshape(shape)
+        n, dim, bits = header["rows"], header["dim"], header["bits"]
+        if bits is None:
+            weights = arrays["weights"]
+        else:
+            weights = quantize.dequantize(quantize.Quantized(arrays["codes"], arrays["lo"], arrays["scale"], bits, dim))
+        ids, state = arrays["ids"], arrays["state"]
+        if ids.shape != (n,) or weights.shape != (n, dim) or state.ndim != 2 or state.shape[0] != n:
+            raise ValueError("its arrays do not hold the rows its header names")
+        if not isinstance(header["table"], str) or bits not in (None, *quantize.BITS):
+            raise ValueError("its header names no table or an unknown bit width")
+        return {**{k: header[k] for k in ("table", "rows", "dim", "bits", "adaptive")}, "ids": ids,
+                "weights": weights, "state": state}
+    except Exception as exc:  # anything malformed: msgpack, lz4, shapes, keys, types
+        raise BadCheckpoint(f"{name}: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+def write_piece(fs, directory: str, data: bytes, prefix: str = "piece") -> dict:
+    """Write a piece's bytes under a fresh name in `directory`; its manifest entry {file, bytes, sha256}."""
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}.ectp"
+    with fs.open(f"{directory}/{name}", "wb") as f:
+        f.write(data)
+    return {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def read_piece(fs, directory: str, entry: dict) -> dict:
+    """A piece listed in a manifest, checked against its size and checksum, decoded (`decode_piece`)."""
+    name = entry["file"]
+    try:
+        data = fs.cat_file(f"{directory}/{name}")
+    except FileNotFoundError:
+        raise BadCheckpoint(f"piece {name} is missing from {directory}") from None
+    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise BadCheckpoint(f"piece {name} is corrupt or truncated: {len(data)} bytes, not the {entry['bytes']} "
+                            f"its manifest lists, or another checksum")
+    return decode_piece(data, f"piece {name}")
+
+
+def write_manifest(fs, directory: str, manifest: dict) -> None:
+    """Make `directory` a checkpoint: its manifest written under a temporary name, then moved into place."""
+    tmp = f"{directory}/.{MANIFEST}.{uuid.uuid4().hex[:12]}"
+    with fs.open(tmp, "wb") as f:
+        f.write(json.dumps({"format": FORMAT, **manifest}, sort_keys=True).encode())
+    fs.mv(tmp, f"{directory}/{MANIFEST}")
+
+
+def read_manifest(fs, directory: str) -> dict:
+    """The manifest of the checkpoint in `directory`; BadCheckpoint if there is none (never finished) or it
+    is not one."""
+    try:
+        manifest = json.loads(fs.cat_file(f"{directory}/{MANIFEST}"))
+    except FileNotFoundError:
+        raise BadCheckpoint(f"{directory} holds no finished checkpoint (no {MANIFEST})") from None
+    except ValueError as exc:
+        raise BadCheckpoint(f"{directory}/{MANIFEST} is not a manifest: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("pieces"), list):
+        raise BadCheckpoint(f"{directory}/{MANIFEST} is not a manifest of format {FORMAT}")
+    return manifest
