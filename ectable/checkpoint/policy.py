@@ -1,0 +1,105 @@
+"""Which rows each checkpoint writes, which checkpoints a restore reads, which can be deleted (Check-N-Run's
+policies), as pure functions of the checkpoints taken so far.
+
+- `full`: every row, every time.
+- `incremental` (consecutive): the rows modified since the previous checkpoint; the first is full.
+  A restore reads the one before it as it would be restored, then it.
+- `differential`: the rows modified since the last full one (the baseline); the first is full. A
+  restore reads the baseline and the last differential one.
+- `intermittent`: differential, with a new full baseline whenever the next differential one is
+  estimated to hold `threshold` of the rows a full one would or more. The estimate follows the
+  history: the last differential's rows plus its growth over the one before (differentials only
+  grow until the next baseline), so the baseline comes one checkpoint before the threshold is
+  crossed, not one after.
+
+A checkpoint is described by a `Taken` record: its number, its kind ("full", "incremental",
+"differential"), the rows it wrote and the rows a full one would have written.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..errors import InvalidRequest
+
+POLICIES = ("full", "incremental", "differential", "intermittent")
+KINDS = ("full", "incremental", "differential")
+
+
+class Taken(NamedTuple):
+    """A checkpoint taken: its number (ascending), kind, rows written, and rows of a full one then."""
+
+    number: int
+    kind: str
+    rows: int
+    total: int
+
+
+class Policy(NamedTuple):
+    """A policy by name, with the threshold of `intermittent` (share of a full checkpoint's rows)."""
+
+    name: str = "intermittent"
+    threshold: float = 0.5
+
+    def get_config(self) -> dict:
+        return {"name": self.name, "threshold": self.threshold}
+
+    @classmethod
+    def from_config(cls, config) -> "Policy":
+        """A policy from its config dict or name; InvalidRequest naming what is wrong."""
+        if isinstance(config, str):
+            config = {"name": config}
+        if not isinstance(config, dict) or set(config) - {"name", "threshold"}:
+            raise InvalidRequest(f"a checkpoint policy is a name or {{name, threshold}}, got {config!r}")
+        policy = cls(**config)
+        if policy.name not in POLICIES:
+            raise InvalidRequest(f"checkpoint policy must be one of {POLICIES}, got {policy.name!r}")
+        if isinstance(policy.threshold, bool) or not isinstance(policy.threshold, (int, float)) \
+                or not 0 < policy.threshold <= 1:
+            raise InvalidRequest(f"an intermittent policy's threshold is a share in (0, 1], got {policy.threshold!r}")
+        return policy
+
+
+def next_kind(policy: Policy, taken: list[Taken]) -> str:
+    """The kind of the next checkpoint under `policy`, after the checkpoints `taken` (oldest first)."""
+    if policy.name == "full" or not taken:
+        return "full"
+    if policy.name == "incremental":
+        return "incremental"
+    if policy.name == "differential":
+        return "differential"
+    diffs = [t for t in _since_baseline(taken) if t.kind == "differential"]
+    if not diffs:
+        return "differential"
+    growth = diffs[-1].rows - diffs[-2].rows if len(diffs) > 1 else diffs[-1].rows
+    estimate = diffs[-1].rows + max(growth, 0)
+    return "full" if estimate >= policy.threshold * diffs[-1].total else "differential"
+
+
+def restore_chain(taken: list[Taken], number: int | None = None) -> list[Taken]:
+    """The checkpoints a restore to checkpoint `number` (default: the last) reads, in the order to apply
+    them; InvalidRequest if there is no such checkpoint or no full one before it."""
+    at = len(taken) - 1 if number is None else next((n for n, t in enumerate(taken) if t.number == number), -1)
+    if at < 0:
+        raise InvalidRequest(f"no checkpoint {'at all' if number is None else number} to restore")
+    chain = [taken[at]]
+    while chain[0].kind != "full":  # an incremental one needs the one before; a differential one, its baseline
+        kind = chain[0].kind
+        at = at - 1 if kind == "incremental" else max((n for n in range(at) if taken[n].kind == "full"), default=-1)
+        if at < 0:
+            raise InvalidRequest(f"checkpoint {chain[-1].number} has no full checkpoint before it")
+        chain.insert(0, taken[at])
+    return chain
+
+
+def deletable(taken: list[Taken], keep: int) -> list[Taken]:
+    """The checkpoints that no restore to any of the last `keep` checkpoints reads (oldest first)."""
+    if keep < 1:
+        raise InvalidRequest(f"keep at least one checkpoint, got keep={keep!r}")
+    needed = {t.number for kept in taken[-keep:] for t in restore_chain(taken, kept.number)}
+    return [t for t in taken if t.number not in needed]
+
+
+def _since_baseline(taken: list[Taken]) -> list[Taken]:
+    """The last full checkpoint and every one after it (all of them if none is full)."""
+    start = max((n for n, t in enumerate(taken) if t.kind == "full"), default=0)
+    return taken[start:]
