@@ -24,7 +24,7 @@ def test_window_keeps_each_rows_delta_since_it_opened_and_drains_each_row_once(w
     assert sorted(rows.tolist()) == sorted(first)
     for x, d in zip(rows, delta):  # old ^ new record bytes, whatever came between
         np.testing.assert_array_equal(d, first[int(x)].view(np.uint8) ^ records[x].view(np.uint8))
-    assert len(w) == 0 and not w.dirty.any()
+    assert len(w) == 0 and not (w.dirty & 1).any()  # the window flag (the checkpoint marks stay)
 
 
 def test_window_cost_follows_the_rows_touched():
@@ -161,3 +161,31 @@ def test_a_client_closed_after_its_cluster_with_a_step_due_closes_quietly(proces
     cl.close()  # its step cannot go out: the nodes are gone, and so are their windows
     with pytest.raises(ectable.Error, match="client closed"):
         cl.step()
+
+
+@given(st.lists(st.one_of(st.lists(st.integers(0, 19), unique=True, max_size=8),
+                          st.sampled_from(["close", "checkpoint", "full"])), max_size=16), st.booleans())
+def test_the_window_flags_also_track_rows_written_since_each_checkpoint(events, replacement):
+    """One flag byte per row, two uses: closing a window (parity) leaves the checkpoint marks alone; a
+    checkpoint clears its own, a full one both; a replacement's rows all count as written."""
+    records = np.zeros((20, 2), dtype=np.float32)
+    w = Window(20, 2, modified=replacement)
+    since_ckpt = since_full = set(range(20)) if replacement else set()
+    window = set()
+    for n, event in enumerate(events):
+        if event == "close":
+            rows, _ = w.drain()
+            assert set(rows.tolist()) == window
+            window = set()
+        elif event in ("checkpoint", "full"):
+            w.checkpointed(full=event == "full")
+            since_ckpt = set()
+            since_full = set() if event == "full" else since_full
+        else:
+            local = np.array(event, dtype=np.int64)
+            w.record(local, records[local], records[local] + n + 1)
+            records[local] += n + 1
+            window, since_ckpt, since_full = window | set(event), since_ckpt | set(event), since_full | set(event)
+        assert w.modified().tolist() == sorted(since_ckpt)
+        assert w.modified(since_full=True).tolist() == sorted(since_full)
+        assert len(w) == len(window)

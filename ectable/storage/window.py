@@ -1,7 +1,11 @@
-"""The dirty window: rows written since it opened, each with its parity delta so far."""
+"""The dirty window: rows written since it opened, each with its parity delta so far; and, in the same flag
+byte per row, the rows written since the last checkpoint and since the last full one (one tracker, two uses)."""
 from __future__ import annotations
 
 import numpy as np
+
+
+IN_WINDOW, SINCE_CHECKPOINT, SINCE_FULL = 1, 2, 4  # the flag bits
 
 
 class Window:
@@ -9,12 +13,15 @@ class Window:
     and for each the XOR of its record bytes then and now (its parity delta), built at write time while
     both are at hand: closing the window reads no record.
 
-    Costs one byte per row of the shard (the dirty flag); everything else is proportional to the rows
-    written in the window.
+    Costs one byte per row of the shard (the flags: in the window, written since the last checkpoint,
+    written since the last full checkpoint); everything else is proportional to the rows written in the
+    window. `modified` and `checkpointed` are the checkpoint tier's side of the flags.
     """
 
-    def __init__(self, capacity: int, width: int):
-        self.dirty = np.zeros(capacity, dtype=bool)
+    def __init__(self, capacity: int, width: int, modified: bool = False):
+        """`modified`: every row counts as written since the last checkpoint (a replacement's rows, rebuilt from
+        a node whose writes since then are unknown)."""
+        self.dirty = np.full(capacity, SINCE_CHECKPOINT | SINCE_FULL if modified else 0, dtype=np.uint8)
         self._local = np.empty(0, dtype=np.int64)
         self._delta = np.empty((0, width), dtype=np.uint32)
         self._order = None  # argsort of the window's rows, for lookups; None: stale
@@ -26,7 +33,9 @@ class Window:
     def record(self, local: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
         """Unique rows `local` change from records `old` to `new` (float32 [n, width]): add to their deltas."""
         change = old.view(np.uint32) ^ new.view(np.uint32)
-        again = self.dirty[local]
+        flags = self.dirty[local]
+        self.dirty[local] = flags | (IN_WINDOW | SINCE_CHECKPOINT | SINCE_FULL)
+        again = (flags & IN_WINDOW).astype(bool)
         if again.any():  # written before in this window: the deltas add up
             self._delta[self._slots(local[again])] ^= change[again]
             local, change = local[~again], change[~again]
@@ -41,7 +50,6 @@ class Window:
             self._delta = delta
         self._local[self.size:end] = local
         self._delta[self.size:end] = change
-        self.dirty[local] = True
         self.size = end
         self._order = None
 
@@ -55,7 +63,7 @@ class Window:
     def committed(self, local: np.ndarray, records: np.ndarray) -> np.ndarray:
         """Records of rows `local` as of the window's opening (what parity holds)."""
         out = records[local]
-        dirty = self.dirty[local]
+        dirty = (self.dirty[local] & IN_WINDOW).astype(bool)
         if dirty.any():
             out[dirty] = (out[dirty].view(np.uint32) ^ self._delta[self._slots(local[dirty])]).view(np.float32)
         return out
@@ -64,10 +72,18 @@ class Window:
         """(rows, delta bytes uint8 [n, width * 4]) of the window, which closes and reopens empty."""
         local = self._local[: self.size].copy()
         delta = self._delta[: self.size].copy().view(np.uint8)
-        self.dirty[local] = False
+        self.dirty[local] &= ~np.uint8(IN_WINDOW)
         self.size = 0
         self._order = None
         if self._local.size > 1 << 16:  # do not pin the memory of one huge window forever
             self._local = np.empty(0, dtype=np.int64)
             self._delta = np.empty((0, self._delta.shape[1]), dtype=np.uint32)
         return local, delta
+
+    def modified(self, since_full: bool = False) -> np.ndarray:
+        """Rows written since the last checkpoint (or, `since_full`, since the last full one), ascending."""
+        return np.flatnonzero(self.dirty & (SINCE_FULL if since_full else SINCE_CHECKPOINT))
+
+    def checkpointed(self, full: bool = False) -> None:
+        """A checkpoint (`full`: a full one) took every row as it is now: none counts as written since."""
+        self.dirty &= np.uint8(IN_WINDOW if full else IN_WINDOW | SINCE_FULL)
