@@ -21,7 +21,9 @@ class Window:
     def __init__(self, capacity: int, width: int, modified: bool = False):
         """`modified`: every row counts as written since the last checkpoint (a replacement's rows, rebuilt from
         a node whose writes since then are unknown)."""
-        self.dirty = np.full(capacity, SINCE_CHECKPOINT | SINCE_FULL if modified else 0, dtype=np.uint8)
+        self.dirty = np.zeros(capacity, dtype=np.uint8)  # pages that stay zero are never touched
+        if modified:
+            self.dirty[:] = SINCE_CHECKPOINT | SINCE_FULL
         self._local = np.empty(0, dtype=np.int64)
         self._delta = np.empty((0, width), dtype=np.uint32)
         self._order = None  # argsort of the window's rows, for lookups; None: stale
