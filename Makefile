@@ -51,6 +51,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.train_loop --workload criteo movielens --compute-ms 20 $(TRAIN_ARGS)
 	$(PY) -m bench.train_loop --workload criteo $(TRAIN_ARGS)
 	$(PY) -m bench.node_time --scale $(SCALE)
+	$(PY) -m bench.quantize
 	$(PY) -m bench.garbage_stream
 	$(PY) -m bench.create_table --rows $(CREATE_ROWS)
 	$(PY) -m bench.recovery $(RECOVERY_ARGS)

@@ -3,11 +3,10 @@
 A checkpoint is a directory (a local path or any `fsspec` URL) holding pieces and one
 `manifest.json`. A piece holds some rows of one table, by row id, so it does not depend on
 the layout of the cluster that wrote it: their ids, their weights (quantized, `quantize.py`,
-or exact float32) and their optimizer state (exact), compressed with lz4. Its bytes are
-
-    MAGIC, header length (4 bytes, little-endian), msgpack header, lz4 frame of the arrays
-
-and the header names each array's dtype, shape and offset in the decompressed body. The
+or exact float32) and their optimizer state (exact). Its bytes are MAGIC, then one lz4 frame
+of the msgpack list of the message frames `transport.codec` makes of them (the wire format:
+a header naming each array's dtype and shape, then the arrays' raw bytes), so decoding a
+piece checks it as strictly as a message from the network. The
 manifest, written last and moved into place in one step, lists every piece with its size and
 SHA-256: a directory without it, or whose pieces do not match it, is not a checkpoint, and
 reading it says which piece is wrong.
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 import uuid
 
 import fsspec
@@ -25,12 +23,13 @@ import msgpack
 import numpy as np
 
 from ..errors import Error
+from ..transport import codec
 from . import quantize
 
-MAGIC = b"ECTABLE-PIECE-1\n"
+MAGIC = b"ECTABLE-PIECE-2\n"
 MANIFEST = "manifest.json"
 FORMAT = 1
-_DTYPES = {"i8": np.dtype("<i8"), "f4": np.dtype("<f4"), "u1": np.dtype("u1")}
+ARRAYS = {None: ("ids", "weights", "state"), "quantized": ("ids", "codes", "lo", "scale", "state")}
 
 
 class BadCheckpoint(Error):
@@ -46,24 +45,16 @@ def encode_piece(table: str, ids: np.ndarray, weights: np.ndarray, state: np.nda
                  bits: int | None = None, adaptive: bool = False) -> bytes:
     """A piece's bytes: rows `ids` of `table`, their weights float32 [n, dim] (as `bits`-bit codes, or exact
     if None) and optimizer state float32 [n, s] (exact)."""
-    arrays = {"ids": np.asarray(ids, dtype=np.int64)}
-    header = {"table": table, "rows": int(arrays["ids"].size), "dim": int(weights.shape[1]), "bits": bits,
+    ids = np.asarray(ids, dtype=np.int64)
+    header = {"table": table, "rows": int(ids.size), "dim": int(weights.shape[1]), "bits": bits,
               "adaptive": bool(adaptive and bits is not None)}
     if bits is None:
-        arrays["weights"] = np.asarray(weights, dtype=np.float32)
+        arrays = [ids, np.asarray(weights, dtype=np.float32)]
     else:
         stored = quantize.quantize(weights, bits, adaptive)
-        arrays.update(codes=stored.codes, lo=stored.lo, scale=stored.scale)
-    arrays["state"] = np.asarray(state, dtype=np.float32)
-    layout, at = [], 0
-    for name, arr in arrays.items():
-        code = next(c for c, dt in _DTYPES.items() if dt == arr.dtype)
-        layout.append([name, code, list(arr.shape), at])
-        at += arr.nbytes
-    header["arrays"] = layout
-    body = lz4.frame.compress(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays.values()))
-    head = msgpack.packb(header, use_bin_type=True)
-    return MAGIC + struct.pack("<I", len(head)) + head + body
+        arrays = [ids, stored.codes, stored.lo, stored.scale]
+    frames = codec.encode(header, [*arrays, np.asarray(state, dtype=np.float32)])
+    return MAGIC + lz4.frame.compress(msgpack.packb([bytes(f) for f in frames], use_bin_type=True))
 
 
 def decode_piece(data: bytes, name: str = "piece") -> dict:
@@ -72,30 +63,25 @@ def decode_piece(data: bytes, name: str = "piece") -> dict:
     try:
         if not data.startswith(MAGIC):
             raise ValueError("not a piece of an ectable checkpoint")
-        (size,) = struct.unpack_from("<I", data, len(MAGIC))
-        start = len(MAGIC) + 4
-        header = msgpack.unpackb(data[start:start + size], raw=False)
-        body = lz4.frame.decompress(data[start + size:])
-        arrays = {}
-        for key, code, shape, at in header["arrays"]:
-            dtype = _DTYPES[code]
-            count = int(np.prod(shape))
-            if at < 0 or at + count * dtype.itemsize > len(body):
-                raise ValueError(f"array {key!r} runs past the piece's end")
-            arrays[key] = np.frombuffer(body, dtype=dtype, count=count, offset=at).reshape(shape)
+        frames = msgpack.unpackb(lz4.frame.decompress(data[len(MAGIC):]), raw=False)
+        if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
+            raise ValueError("its body is not a list of frames")
+        header, arrays = codec.decode(frames)
         n, dim, bits = header["rows"], header["dim"], header["bits"]
-        if bits is None:
-            weights = arrays["weights"]
-        else:
-            weights = quantize.dequantize(quantize.Quantized(arrays["codes"], arrays["lo"], arrays["scale"], bits, dim))
-        ids, state = arrays["ids"], arrays["state"]
-        if ids.shape != (n,) or weights.shape != (n, dim) or state.ndim != 2 or state.shape[0] != n:
-            raise ValueError("its arrays do not hold the rows its header names")
         if not isinstance(header["table"], str) or bits not in (None, *quantize.BITS):
             raise ValueError("its header names no table or an unknown bit width")
+        names = ARRAYS[None if bits is None else "quantized"]
+        if len(arrays) != len(names):
+            raise ValueError(f"it holds {len(arrays)} arrays, not {len(names)}")
+        got = dict(zip(names, arrays))
+        if bits is not None:
+            got["weights"] = quantize.dequantize(quantize.Quantized(got["codes"], got["lo"], got["scale"], bits, dim))
+        ids, weights, state = got["ids"], got["weights"], got["state"]
+        if ids.shape != (n,) or weights.shape != (n, dim) or state.ndim != 2 or state.shape[0] != n:
+            raise ValueError("its arrays do not hold the rows its header names")
         return {**{k: header[k] for k in ("table", "rows", "dim", "bits", "adaptive")}, "ids": ids,
                 "weights": weights, "state": state}
-    except Exception as exc:  # anything malformed: msgpack, lz4, shapes, keys, types
+    except Exception as exc:  # anything malformed: lz4, msgpack, the wire format, shapes, keys, types
         raise BadCheckpoint(f"{name}: {type(exc).__name__}: {exc}"[:300]) from None
 
 

@@ -45,28 +45,23 @@ class _Moved(Exception):
         self.position = position
 
 
-def _open(method):
-    """A public call: `Error("client closed")` once the client was closed; a `step()` not sent yet goes first."""
+def _open(method, read: bool = False):
+    """A public call: `Error("client closed")` once the client was closed. A `step()` not sent yet goes before
+    it, or, for a `read`, after it (the caller's model computes next: the nodes close their windows meanwhile)."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if self._closed:
             raise Error("client closed")
-        self._send_step()
-        return method(self, *args, **kwargs)
-    return call
-
-
-def _read(method):
-    """A public read: `Error("client closed")` once the client was closed; a `step()` not sent yet goes after it
-    (the caller's model computes next: the nodes close their windows meanwhile)."""
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        if self._closed:
-            raise Error("client closed")
+        if not read:
+            self._send_step()
         out = method(self, *args, **kwargs)
-        self._send_step()
+        if read:
+            self._send_step()
         return out
     return call
+
+
+_read = functools.partial(_open, read=True)
 
 
 class Client:
