@@ -24,7 +24,8 @@ def test_a_dropped_table_is_gone_everywhere_and_its_name_not_used_again(processe
         before = table_rows(client)
         client.drop_table("t")
         assert sum(table_rows(client)) < sum(before)  # rows and parity rows freed
-        for c in (client, other):  # the other client still had it cached: the nodes say it is gone
+        assert set(other.tables()) == {"u"}  # the other client had it cached: tables() asks the nodes
+        for c in (client, other):  # the nodes say it is gone
             with pytest.raises(ectable.InvalidRequest, match="'t'"):
                 c.get("t", [1])
         with pytest.raises(ectable.InvalidRequest, match="no table 't' to drop"):

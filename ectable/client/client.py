@@ -158,6 +158,9 @@ class Client:
 
     @_open
     def tables(self) -> dict:
+        """{name: config} of the cluster's tables, as the nodes list them now (created or dropped by any
+        client)."""
+        self._refresh_tables()
         return {name: spec.get_config() for name, (spec, _) in self._tables.items()}
 
     def _remember(self, spec):
