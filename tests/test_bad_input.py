@@ -117,6 +117,13 @@ PUBLIC = [
     ("apply_gradient_many", ([1],), {}, "list"),
     ("drop_table", ("nope",), {}, "'nope'"),
     ("drop_table", (["items"],), {}, "['items']"),
+    ("checkpoint", ("memory://c",), dict(bits=5), "bits"),
+    ("checkpoint", ("memory://c",), dict(policy="sometimes"), "'sometimes'"),
+    ("checkpoint", ("memory://c",), dict(policy={"name": "intermittent", "threshold": 2}), "threshold"),
+    ("checkpoint", ("memory://c",), dict(extra="text"), "extra must be bytes"),
+    ("checkpoint", ("memory://c",), dict(keep=0), "keep"),
+    ("checkpoint", ("",), {}, "path"),
+    ("checkpoint", (None,), {}, "path"),
 ]
 
 
@@ -184,6 +191,12 @@ WIRE = [
     ({"op": "rollback", "source": "x", "window": "one", "clients": {}}, [], "'window'"),
     ({"op": "rollback", "source": "node/9/x", "window": 1, "clients": {}}, [], "'node/9/x'"),
     ({"op": "drop_table", "table": 5}, [], "'table'"),
+    ({"op": "write", "parts": [["items", "records"]]}, [I64, ROWS8], "(2, 9)"),
+    ({"op": "snapshot", "number": 1, "root": "r", "directory": "memory://x", "kind": "most"}, [], "'most'"),
+    ({"op": "snapshot", "number": 1, "root": "r", "directory": "memory://x", "kind": "full", "bits": 5}, [], "5"),
+    ({"op": "snapshot", "number": 0, "root": "r", "directory": "memory://x", "kind": "full"}, [], "number"),
+    ({"op": "snapshot", "number": 1, "directory": "memory://x", "kind": "full"}, [], "'root'"),
+    ({"op": "snapshot_progress", "number": 3}, [], "checkpoint 3"),
 ]
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from .. import clock
 from ..config import DEADLINE
 from ..errors import Error, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable
+from .checkpoints import Checkpoints, Restored
 from .repair import Repair
 from ..protocol import messages as m, validate
 from ..protocol.messages import ErrorCode, writer_of
@@ -75,6 +76,7 @@ class Client:
         self._log = cluster.redo_log  # per position: writes not yet in parity, shared by the cluster's clients
         self._sources: dict[int, str] = {}
         self.repair = Repair(self)
+        self._checkpoints = Checkpoints(self)
         self.rebuild_budget = REBUILD_BUDGET
         self._steps: dict = {}  # step requests whose replies are not collected yet
         self._step_due = False  # step() was called, its requests not sent yet (`step`)
@@ -96,6 +98,11 @@ class Client:
             try:
                 self._close_windows(wait=True)
             except Exception:  # nodes unreachable, or the cluster closed already: their own timers close them
+                pass
+        if self._checkpoints.pending is not None and not self._closed:
+            try:
+                self._checkpoints.wait()
+            except Exception:  # it is never taken for a whole one: it has no manifest
                 pass
         if self.owns_cluster and not self._closed:
             self.cluster.close()
@@ -518,9 +525,38 @@ class Client:
             "parity_lag_writes": sum(n["write_seq"] - n["durable_seq"] for n in live),
             "unacked_deltas": sum(n["unacked_deltas"] for n in live),
             "degraded": [n["position"] for n in nodes if n["health"] == "down"],
+            "checkpoint": self._checkpoints.progress(),
             "recovery": {"rebuilding": [n["position"] for n in rebuilding], "rows_done": done, "rows_left": left,
                          "rows_per_s": rate, "eta_s": left / rate if rate else None},
         }
+
+    # -- checkpoints -------------------------------------------------------
+    @_open
+    def checkpoint(self, path: str, policy="intermittent", bits: int | None = None, adaptive: bool = False,
+                   extra: bytes | None = None, keep: int | None = None) -> int:
+        """Checkpoint every table into the chain of checkpoints at `path` (a directory or fsspec URL) at this
+        point of the caller's writes; returns its number once every node has copied its rows, which it then
+        writes in the background (`checkpoint_wait`). `policy`: "full", "incremental", "differential" or
+        "intermittent" (or {name, threshold}); `bits`: 2, 3, 4 or 8 to store weights quantized per row
+        (`adaptive`: ranges fitted to minimise the error), None exact; optimizer state is stored exactly.
+        `extra`: bytes stored with it (a data reader's position, a dense model's state) that restore
+        returns. `keep`: delete the checkpoints no restore of the last `keep` needs."""
+        return self._checkpoints.take(path, policy, bits, adaptive, extra, keep)
+
+    @_open
+    def checkpoint_wait(self, timeout: float | None = None) -> dict | None:
+        """Block until the checkpoint being written is complete (its manifest written: only then is it one);
+        its manifest, or None if none was being written. `Error` if a node failed to write its part (take
+        another) or past `timeout` (wait again)."""
+        return self._checkpoints.wait(timeout)
+
+    @_open
+    def restore(self, path: str, number: int | None = None) -> Restored:
+        """Install checkpoint `number` (default: the last) of the chain at `path` into this cluster, of any
+        shape; its tables must not exist here. Every piece is checked before anything changes: a corrupt,
+        partial or mismatched checkpoint raises `BadCheckpoint` naming the piece. Returns the number,
+        `extra`, tables and rows restored."""
+        return self._checkpoints.restore(path, number)
 
     @_open
     def wait_recovered(self, timeout: float = 60.0) -> None:

@@ -194,6 +194,32 @@ class Status(Request):
     node: str | None = None
 
 
+@request("snapshot")
+class Snapshot(Request):
+    """Checkpoint `number` of chain `root`: copy the rows a checkpoint of `kind` writes ("full",
+    "incremental" after checkpoint `after`, "differential" from baseline `base`), then write their
+    pieces (weights as `bits`-bit codes, `adaptive` ranges, or exact) into `directory` (a URL) in the
+    background. With `check`, only say whether this node can (its flags fit the chain, no rows
+    missing) and change nothing."""
+    number: int
+    root: str
+    directory: str
+    kind: str
+    after: int | None = None
+    base: int | None = None
+    bits: int | None = None
+    adaptive: bool = False
+    check: bool = False
+    node: str | None = None
+
+
+@request("snapshot_progress")
+class SnapshotProgress(Request):
+    """How far the pieces of checkpoint `number` are written; when done, their manifest entries."""
+    number: int
+    node: str | None = None
+
+
 # -- parity ----------------------------------------------------------------
 @request("delta")
 class Delta(Request):

@@ -18,7 +18,10 @@ from ..config import ClusterConfig
 from ..errors import InvalidRequest
 from ..protocol import deltas as payload, messages, validate
 from ..protocol.messages import ErrorCode, writer_of
+from ..checkpoint.quantize import BITS
+from . import snapshots
 from .retained import Retained
+from .optimizers import WRITES
 from .parity import delta_slots, fold, window_deltas
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
@@ -84,6 +87,7 @@ class Node:
         self.client_writes: dict[str, tuple[int, int]] = {}  # client id -> (its last write, our seq for it)
         self.window_clients: dict[str, int] = {}  # client id -> its last write in the open window
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
+        self.writer: snapshots.Writer | None = None  # the pieces of this node's last checkpoint
         self.retained = Retained(None if rebuilding else 0)  # others' recent windows, to roll back to if their sender dies
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
         self.queued_rows = 0
@@ -258,12 +262,12 @@ class Node:
             if dropped_ok and isinstance(table, str) and table in self.dropped and table not in self.shards:
                 continue
             shard = self._shard(table)
-            if kind not in ("put", "apply_gradient"):
+            if kind not in WRITES:
                 raise InvalidRequest(f"table {table!r}: unknown write {kind!r}")
             ids = self._ids(shard, arrays[2 * n])
             validate.unique(shard.spec.name, ids)
-            values = validate.rows(shard.spec.name, arrays[2 * n + 1], ids.size, shard.dim,
-                                   "rows" if kind == "put" else "gradients")
+            values = validate.rows(shard.spec.name, arrays[2 * n + 1], ids.size,
+                                   shard.width if kind == "records" else shard.dim, WRITES[kind])
             work.append((shard, kind, ids, values))
         return work
 
@@ -573,6 +577,29 @@ class Node:
                 out += [ids, stripes]
         return {"tables": names, "generation": self.generation}, out
 
+    def op_snapshot(self, msg, arrays):
+        """See `messages.Snapshot`; a node with rows still to rebuild answers "rebuilding" (the client reads
+        them through the parity instead)."""
+        if msg.kind not in snapshots.KINDS or msg.bits not in (None, *BITS) or msg.number < 1:
+            raise InvalidRequest(f"snapshot: bad kind {msg.kind!r}, bits {msg.bits!r} or number {msg.number!r}")
+        if self.writer is not None and not self.writer.done:
+            raise InvalidRequest(f"checkpoint {self.writer.number} is still being written on this node")
+        if any(shard.missing_data is not None and shard.missing_data.any() for shard in self.shards.values()):
+            return {"rebuilding": True}, []
+        fits = all(snapshots.fits(s, msg.kind, msg.root, msg.after, msg.base) for s in self.shards.values())
+        if msg.check or not fits:
+            return {"fits": fits}, []
+        work = [(name, shard.dim, *snapshots.take(shard, msg.kind, msg.root, msg.number))
+                for name, shard in self.shards.items()]
+        self.writer = snapshots.Writer(msg.number, msg.directory, f"n{self.position}", work, msg.bits, msg.adaptive)
+        touched = sum(shard.rows - shard.initial_rows() for shard in self.shards.values())
+        return {"fits": True, "rows": self.writer.rows, "touched": touched}, []
+
+    def op_snapshot_progress(self, msg, arrays):
+        if self.writer is None or self.writer.number != msg.number:
+            raise InvalidRequest(f"checkpoint {msg.number} is not being written on this node")
+        return self.writer.progress(), []
+
     def op_status(self, msg, arrays):
         return {"status": self.status()}, []
 
@@ -671,6 +698,7 @@ class Node:
             "writers": len(self.writer_seen),
             "gone_writers": len(self.gone),
             "bytes": sum(s.nbytes() for s in shards),
+            "checkpoint": {k: v for k, v in self.writer.progress().items() if k != "pieces"} if self.writer else None,
         }
 
     # -- per-client bookkeeping ---------------------------------------------

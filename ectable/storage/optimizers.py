@@ -87,11 +87,17 @@ class RowwiseAdagrad(Optimizer):
 registry: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adagrad, RowwiseAdagrad)}
 
 
+WRITES = {"put": "rows", "apply_gradient": "gradients", "records": "records"}  # write kinds: what their values are
+
+
 def write_rows(optimizer: Optimizer, kind: str, records: np.ndarray, values: np.ndarray, dim: int) -> None:
-    """`records` after a "put" of weights `values` or an "apply_gradient" step with gradients `values`, in
-    place; an overflow is left for the caller to refuse (`validate.finite_result`)."""
+    """`records` after a "put" of weights `values`, an "apply_gradient" step with gradients `values` or a
+    "records" write of whole records (weights and optimizer state: a restore), in place; an overflow is
+    left for the caller to refuse (`validate.finite_result`)."""
     if kind == "put":
         records[:, :dim] = values
+    elif kind == "records":
+        records[:] = values
     else:
         with np.errstate(over="ignore", invalid="ignore"):
             optimizer.step(records, values, dim)

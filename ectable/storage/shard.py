@@ -43,6 +43,7 @@ class Shard:
         self.parity = np.zeros((layout.parity_capacity(), self.width * 4), dtype=np.uint8)
         self.versions = np.zeros(self.parity.shape[0], dtype=np.int64)  # degraded writes each parity row holds
         self.window = Window(layout.data_capacity(), self.width, modified=rebuilding)  # a replacement: all rows
+        self.marks = {"checkpoint": None, "full": None}  # the chain its flags were cleared for (`snapshots`)
         local_ids = layout.data_ids(node, np.arange(layout.data_capacity()))
         valid = local_ids < spec.num_rows
         self.rows = int(valid.sum())
