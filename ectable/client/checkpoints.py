@@ -172,11 +172,9 @@ class Checkpoints:
             return {"done": True, "error": f"node {p} went away before writing its pieces ({exc})"}
 
     def _fail(self, why: str):
+        """Give up the checkpoint being written: its directory has no manifest, so it is never read (the
+        next checkpoint that keeps some deletes it), and its number is not used again."""
         pending, self.pending = self.pending, None
-        try:
-            pending.chain.remove(pending.number)
-        except Exception:  # the store is away: the unfinished directory is never read, and a later keep deletes it
-            pass
         raise Error(f"checkpoint {pending.number} failed: {why}; take another (it will be a full one)")
 
     def wait(self, timeout: float | None = None) -> dict | None:
