@@ -11,11 +11,25 @@ if _util.find_spec(__name__ + ".transport") is None:  # a plain checkout: `trans
     _spec.loader.exec_module(transport)
 
 from . import config
+from .checkpoint.pieces import BadCheckpoint
 from .client import Client, connect
+from .client.checkpoints import Restored, load_rows
 from .errors import AuthenticationFailed, Error, InvalidRequest, NodeDown, Unavailable
 from .process.local import LocalCluster
 from .storage.table import TableSpec
 
+
+
+def restore(path: str, cluster, number: int | None = None) -> Restored:
+    """Install checkpoint `number` (default: the last) of the chain at `path` into `cluster` (a
+    `LocalCluster`, or the path of a cluster's TOML file), of any shape; see `Client.restore`."""
+    client = connect(cluster) if isinstance(cluster, str) else cluster.connect()
+    try:
+        return client.restore(path, number)
+    finally:
+        client.close()
+
+
 __version__ = "0.1.0"
 __all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown",
-           "AuthenticationFailed"]
+           "AuthenticationFailed", "BadCheckpoint", "Restored", "restore", "load_rows"]

@@ -1,4 +1,4 @@
-"""The `ectable` command: node, up, status, keygen."""
+"""The `ectable` command: node, decider, up, status, keygen, checkpoint list|inspect, restore, export."""
 from __future__ import annotations
 
 import argparse
@@ -99,6 +99,10 @@ def render(status: dict) -> str:
     for n in status["nodes"]:
         if n.get("role") == "rebuilding":
             lines.append(f"node {n['position']} rebuilding " + progress_bar(n["rebuild"]))
+    checkpoint = status.get("checkpoint")
+    if checkpoint:
+        lines.append(f"checkpoint {checkpoint['number']} ({checkpoint['kind']}) writing " + progress_bar(
+            {"done": checkpoint["written"], "left": checkpoint["rows"] - checkpoint["written"]}))
     if status["degraded"] and not status["spares"]:
         lines.append(f"nodes {status['degraded']} are down and no spare is left: serving degraded")
     return "\n".join(lines)
@@ -113,6 +117,57 @@ def progress_bar(progress: dict, width: int = 30) -> str:
     eta = progress.get("eta")
     return (f"[{'#' * fill}{'.' * (width - fill)}] {share:4.0%}  {done:,} / {total:,} rows  "
             f"{progress.get('rate', 0.0):,.0f} rows/s  ETA {'-' if eta is None else f'{eta:.1f} s'}")
+
+
+def cmd_checkpoint(args) -> None:
+    from .checkpoint import pieces
+    from .checkpoint.history import Chain
+    chain = Chain(args.path)
+    if args.action == "list":
+        finished = {m["number"]: m for m in chain.manifests}
+        print(f"{'number':>8}  {'kind':<12}  {'taken (UTC)':<19}  {'rows':>10}  {'bytes':>12}  {'bits':>5}  restore reads")
+        for number in chain.numbers:
+            m = finished.get(number)
+            if m is None:
+                print(f"{number:>8}  unfinished (never read; the next checkpoint with keep deletes it)")
+                continue
+            print(f"{number:>8}  {m['kind']:<12}  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(m['created']))}  "
+                  f"{m['rows']:>10,}  {sum(p['bytes'] for p in m['pieces']):>12,}  {m['bits'] or '-':>5}  "
+                  f"{m['chain_numbers']}")
+        return
+    manifest = chain.manifest(args.number) if args.number else (chain.manifests or [None])[-1]
+    if manifest is None:
+        raise pieces.BadCheckpoint(f"{args.path} holds no finished checkpoint")
+    directory = chain.directory(manifest["number"])
+    print(f"checkpoint {manifest['number']} of {args.path}: {manifest['kind']} ({manifest['policy']['name']} policy), "
+          f"weights {'exact' if manifest['bits'] is None else str(manifest['bits']) + '-bit'}"
+          f"{' adaptive' if manifest['adaptive'] else ''}, optimizer state exact; restore reads "
+          f"{manifest['chain_numbers']}")
+    print(f"taken by a cluster of {manifest['cluster']['nodes']} nodes, {manifest['cluster']['id']} "
+          f"(k={manifest['cluster']['k']}, r={manifest['cluster']['r']}); read through the parity: "
+          f"{manifest['degraded'] or '-'}; extra: {manifest['extra']['bytes'] if manifest['extra'] else 0} bytes")
+    for table in manifest["tables"]:
+        own = [p for p in manifest["pieces"] if p["table"] == table["name"]]
+        print(f"  {table['name']}: {table['num_rows']:,} rows x {table['dim']}, {table['optimizer']['name']}; "
+              f"{sum(p['rows'] for p in own):,} rows in {len(own)} pieces, {sum(p['bytes'] for p in own):,} bytes")
+    if args.verify:
+        for entry in manifest["pieces"]:
+            pieces.read_piece(chain.fs, directory, entry)
+        print(f"  verified {len(manifest['pieces'])} pieces: sizes, checksums and contents")
+
+
+def cmd_restore(args) -> None:
+    from . import restore
+    restored = restore(args.path, args.config, args.number)
+    extra = f", {len(restored.extra)} bytes of extra state" if restored.extra else ""
+    print(f"restored checkpoint {restored.number}: tables {restored.tables}, {restored.rows:,} rows{extra}")
+
+
+def cmd_export(args) -> None:
+    from .client import connect
+    with connect(args.config) as client:
+        rows = client.export(args.table, args.path, state=args.state)
+    print(f"wrote {rows:,} rows of {args.table!r} to {args.path}")
 
 
 def cmd_keygen(args) -> None:
@@ -162,8 +217,29 @@ def main(argv=None) -> None:
     p.add_argument("--deciders", type=int, default=2)
     p.add_argument("--clients", type=int, default=4)
     p.set_defaults(fn=cmd_keygen)
+    p = sub.add_parser("checkpoint", help="list the checkpoints of a chain, or inspect one")
+    p.add_argument("action", choices=["list", "inspect"])
+    p.add_argument("path", help="the chain's directory or fsspec URL (what client.checkpoint was given)")
+    p.add_argument("--number", type=int, help="inspect this checkpoint (default: the last finished one)")
+    p.add_argument("--verify", action="store_true", help="inspect: read every piece and check its checksum")
+    p.set_defaults(fn=cmd_checkpoint)
+    p = sub.add_parser("restore", help="restore a checkpoint into a running cluster (of any shape)")
+    p.add_argument("path", help="the chain's directory or fsspec URL")
+    p.add_argument("--config", default="cluster.toml", help="the cluster's TOML")
+    p.add_argument("--number", type=int, help="restore this checkpoint (default: the last finished one)")
+    p.set_defaults(fn=cmd_restore)
+    p = sub.add_parser("export", help="write a table's rows to a .npy file (ectable.load_rows reads it)")
+    p.add_argument("table")
+    p.add_argument("path", help="the file's path or fsspec URL")
+    p.add_argument("--config", default="cluster.toml", help="the cluster's TOML")
+    p.add_argument("--state", action="store_true", help="whole records: weights, then optimizer state")
+    p.set_defaults(fn=cmd_export)
     args = parser.parse_args(argv)
-    args.fn(args)
+    from .errors import Error
+    try:
+        args.fn(args)
+    except Error as exc:
+        sys.exit(f"ectable {args.command}: {exc}")
 
 
 if __name__ == "__main__":

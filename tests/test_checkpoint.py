@@ -2,6 +2,8 @@
 clusters of other shapes, with nodes dead or killed, and refused when damaged."""
 import json
 import os
+import subprocess
+import sys
 
 import fsspec
 import numpy as np
@@ -260,3 +262,37 @@ def test_an_unfinished_checkpoint_is_never_read_and_a_table_in_the_way_refuses_t
             client.restore(path)
         with pytest.raises(BadCheckpoint, match="checkpoint 3"):
             cluster.connect().restore(path, 3)
+
+
+def ectable_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ectable", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_shell_lists_inspects_restores_and_exports(chain, tmp_path):
+    path, wants = chain
+    listed = ectable_cli("checkpoint", "list", path)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[:2] for line in listed.stdout.splitlines()[1:]] == \
+        [["1", "full"], ["2", "incremental"], ["3", "incremental"]]
+    inspected = ectable_cli("checkpoint", "inspect", path, "--verify")
+    assert inspected.returncode == 0 and "verified" in inspected.stdout and "8-bit" in inspected.stdout
+    assert "a: 3,000 rows x 8, adagrad" in inspected.stdout
+    broken = damaged(chain, tmp_path, truncate)
+    refused = ectable_cli("checkpoint", "inspect", broken, "--number", "2", "--verify")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "corrupt or truncated" in refused.stderr
+    with ectable.LocalCluster(nodes=4, code="xor", k=3, r=1, spares=0) as cluster:
+        toml = tmp_path / "cluster.toml"
+        toml.write_text(ectable.config.dumps(cluster.describe()))
+        restored = ectable_cli("restore", path, "--config", str(toml), "--number", "2")
+        assert restored.returncode == 0, restored.stderr
+        assert "restored checkpoint 2: tables ['a', 'b']" in restored.stdout
+        again = ectable_cli("restore", path, "--config", str(toml))
+        assert again.returncode == 1 and "exist in this cluster" in again.stderr and "Traceback" not in again.stderr
+        client = cluster.connect()
+        got = state(client)
+        np.testing.assert_array_equal(got["a"][:, 8:], wants[1]["a"][:, 8:])  # quantized weights, exact state
+        assert ectable_cli("export", "a", str(tmp_path / "a.npy"), "--config", str(toml)).returncode == 0
+        np.testing.assert_array_equal(ectable.load_rows(str(tmp_path / "a.npy")), got["a"][:, :8])
+        assert client.export("a", "memory://exported/a.npy", state=True) == N_A
+        np.testing.assert_array_equal(ectable.load_rows("memory://exported/a.npy"), got["a"])
+        np.testing.assert_array_equal(ectable.load_rows(str(tmp_path / "a.npy"), mmap=True), got["a"][:, :8])

@@ -300,3 +300,31 @@ class Checkpoints:
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise pieces.BadCheckpoint(f"{EXTRA} of checkpoint {manifest['number']} is corrupt or truncated")
         return data
+
+
+def export(client, table: str, path: str, state: bool = False) -> int:
+    """Write every row of `table` (weights, or with `state` whole records) as one float32 .npy file at
+    `path` (a local path or fsspec URL), read in blocks; its row count."""
+    spec, layout = client._table(table)
+    width = spec.width if state else spec.dim
+    fs, where = pieces.location(path)
+    with fs.open(where, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                 "shape": (spec.num_rows, width)})
+        for start in range(0, spec.num_rows, READ_ROWS):
+            ids = np.arange(start, min(start + READ_ROWS, spec.num_rows))
+            rows = np.empty((ids.size, width), dtype=np.float32)
+            for p, at in client._by_node(layout, ids):
+                rows[at] = client._read_node(p, {table: ids[at]}, records=True)[0][:, :width]
+            f.write(rows.tobytes())
+    return spec.num_rows
+
+
+def load_rows(path: str, mmap: bool = False) -> np.ndarray:
+    """The rows a `Client.export` wrote at `path` (a local path or fsspec URL); `mmap`: map a local file
+    instead of reading it."""
+    fs, where = pieces.location(path)
+    if mmap:
+        return np.load(where, mmap_mode="r")
+    with fs.open(where, "rb") as f:
+        return np.load(f, allow_pickle=False)

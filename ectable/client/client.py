@@ -8,7 +8,7 @@ import numpy as np
 from .. import clock
 from ..config import DEADLINE
 from ..errors import Error, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable
-from .checkpoints import Checkpoints, Restored
+from .checkpoints import Checkpoints, Restored, export
 from .repair import Repair
 from ..protocol import messages as m, validate
 from ..protocol.messages import ErrorCode, writer_of
@@ -557,6 +557,16 @@ class Client:
         partial or mismatched checkpoint raises `BadCheckpoint` naming the piece. Returns the number,
         `extra`, tables and rows restored."""
         return self._checkpoints.restore(path, number)
+
+    @_open
+    def export(self, table: str, path: str, state: bool = False) -> int:
+        """Write every row of `table` as a float32 .npy file [num_rows, dim] (with `state`, whole records:
+        weights then optimizer state) at `path`, a local path or fsspec URL; `ectable.load_rows` reads it.
+        Returns the rows written."""
+        self._table(table)
+        if not isinstance(path, str) or not path:
+            raise InvalidRequest(f"export needs a file path or fsspec URL, got {path!r}")
+        return export(self, table, path, state)
 
     @_open
     def wait_recovered(self, timeout: float = 60.0) -> None:
