@@ -122,6 +122,31 @@ def test_a_checkpoint_of_a_degraded_cluster_reads_the_dead_node_through_the_pari
     assert_restores(str(tmp_path / "c"), want)
 
 
+def test_a_checkpoint_just_after_a_kill_and_of_the_replacement_that_rebuilt_it(tmp_path):
+    """Taken before the client saw the kill (it fails the node over first), then from the replacement,
+    whose rows all count as written since (the padding of the last stripe is not a row)."""
+    rng = np.random.default_rng(8)
+    path = str(tmp_path / "c")
+    with ectable.LocalCluster(nodes=4, code="xor", k=3, r=1, spares=1, processes=False) as cluster:
+        client = cluster.connect()
+        make_tables(client)
+        train(client, rng, 2)
+        client.checkpoint(path, policy="differential")
+        client.checkpoint_wait()
+        cluster.kill(1)
+        client.checkpoint(path, policy="differential")
+        first = client.checkpoint_wait()
+        wants = [state(client)]
+        client.wait_recovered(timeout=60)
+        train(client, rng, 1, 2)
+        client.checkpoint(path, policy="differential")
+        second = client.checkpoint_wait()
+        wants.append(state(client))
+    assert [first["kind"], second["kind"]] == ["differential"] * 2
+    assert_restores(path, wants[0], 2)
+    assert_restores(path, wants[1], 3)
+
+
 def test_a_node_killed_while_writing_fails_the_checkpoint_and_the_next_is_a_full_one(tmp_path):
     rng = np.random.default_rng(4)
     path = str(tmp_path / "c")

@@ -81,9 +81,10 @@ class Checkpoints:
         chain.fs.makedirs(chain.directory(number), exist_ok=True)
         request = dict(number=number, root=chain.id, directory=directory, after=after, base=base, bits=bits,
                        adaptive=bool(adaptive))
+        client._catch_up()  # fail over what moved, so that every position's state is known
         live = [p for p in range(client.nodes) if client._state(p) != "dead"]
         checks = {p: self._ask(p, m.Snapshot(kind=kind, check=True, **request)) for p in live}
-        if kind != "full" and not all(reply.get("fits") for reply in checks.values() if reply):
+        if kind != "full" and not all(reply["fits"] for reply in checks.values() if reply and "fits" in reply):
             kind = "full"  # some node's flags were cleared for another chain, or a checkpoint that failed
         taken_by, total, rows = {}, 0, 0
         for p in live:

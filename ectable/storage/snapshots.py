@@ -37,10 +37,10 @@ def take(shard: Shard, kind: str, root: str, number: int) -> tuple[np.ndarray, n
     flags cleared for it."""
     if kind == "full":
         local = np.arange(shard.records.shape[0])
-        valid = shard.layout.data_ids(shard.node, local) < shard.spec.num_rows
-        local = local[valid & ~shard.fresh] if shard.fresh is not None else local[valid]
+        local = local[~shard.fresh] if shard.fresh is not None else local
     else:
         local = shard.window.modified(since_full=kind == "differential")
+    local = local[shard.layout.data_ids(shard.node, local) < shard.spec.num_rows]  # the last stripe's padding
     records = shard.records[local]  # a copy: writes after the cut do not reach it
     shard.window.checkpointed(full=kind == "full")
     shard.marks["checkpoint"] = [root, number]

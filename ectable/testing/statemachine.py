@@ -1,11 +1,15 @@
-"""A Hypothesis state machine that drives a cluster against a dict of rows, killing and recovering nodes.
+"""A Hypothesis state machine that drives a cluster against a dict of rows, killing and recovering nodes
+and taking checkpoints.
 
 Subclass `ClusterMachine` (or call `machine_for`) with the cluster's settings; run it with
 `run_state_machine_as_test` or expose its `TestCase`. Invariants: every row equals the model,
-and after `flush()` every parity row equals a fresh encode of its stripe.
+after `flush()` every parity row equals a fresh encode of its stripe, and every finished
+checkpoint restores, into a cluster of another shape, exactly the model as it was at its cut.
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -13,7 +17,9 @@ from hypothesis import event, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ..process.local import LocalCluster
-from ..errors import InvalidRequest
+from ..checkpoint.history import Chain
+from ..checkpoint.policy import POLICIES
+from ..errors import Error, InvalidRequest
 from .checks import check_parity, read_records
 from .reference import ReferenceTable
 
@@ -47,9 +53,17 @@ class ClusterMachine(RuleBasedStateMachine):
             self.model[name] = ReferenceTable(self.client._table(name)[0])
         self.lost = set()  # positions whose node died and has not been rebuilt
         self.killed: dict[int, str] = {}  # position -> identity killed there, until recovered
+        self.chain = tempfile.mkdtemp(prefix="ectable-machine-")  # where checkpoints go
+        self.cuts: dict[int, dict] = {}  # checkpoint number -> the model's records at its cut
+        self.finished: set[int] = set()
+        self.killed_while_writing: set[int] = set()  # positions killed since the last checkpoint was taken
 
     def teardown(self):
         self.cluster.close()
+        shutil.rmtree(self.chain, ignore_errors=True)
+
+    def _records(self) -> dict:
+        return {name: np.array([self.model[name].record(i) for i in range(rows)]) for name, (rows, _, _) in TABLES.items()}
 
     def _ids(self, data, name, unique=False):
         rows = TABLES[name][0]
@@ -117,6 +131,49 @@ class ClusterMachine(RuleBasedStateMachine):
         self.client.flush()
         check_parity(self.cluster, self.client)
 
+    @rule(policy=st.sampled_from(POLICIES), bits=st.sampled_from([None, None, 8]))
+    def checkpoint(self, policy, bits):
+        self._wait_checkpoint()
+        number = self.client.checkpoint(self.chain, policy=policy, bits=bits)
+        self.cuts[number] = (bits, self._records())
+        self.killed_while_writing = set()
+
+    @rule()
+    def checkpoint_wait(self):
+        self._wait_checkpoint()
+
+    def _wait_checkpoint(self):
+        """The checkpoint being written finishes, or fails only because a node was killed meanwhile."""
+        pending = self.client._checkpoints.pending
+        try:
+            self.client.checkpoint_wait()
+        except Error as exc:
+            assert "failed" in str(exc) and pending is not None and set(pending.nodes) & self.killed_while_writing, exc
+            event("a checkpoint failed: a node was killed while it was written")
+            return
+        if pending is not None:
+            self.finished.add(pending.number)
+
+    @precondition(lambda self: self.finished)
+    @rule(data=st.data())
+    def restore(self, data):
+        number = data.draw(st.sampled_from(sorted(self.finished)))
+        cut = self.cuts[number][1]
+        links = Chain(self.chain).manifest(number)["chain_numbers"]  # a row comes from the last that holds it
+        bits = max((self.cuts[n][0] or 0 for n in links), default=0) or None
+        with LocalCluster(nodes=4, code="rs", k=2, r=2, processes=False) as other:
+            client = other.connect()
+            assert client.restore(self.chain, number).number == number
+            for name, (rows, dim, _) in TABLES.items():
+                got = read_records(client, name, np.arange(rows))
+                if bits is None:
+                    np.testing.assert_array_equal(got, cut[name], err_msg=name)
+                else:  # 8-bit weights: within half a step of each row's range; optimizer state exact
+                    np.testing.assert_array_equal(got[:, dim:], cut[name][:, dim:], err_msg=name)
+                    span = np.ptp(cut[name][:, :dim], axis=1, keepdims=True)
+                    assert (np.abs(got[:, :dim] - cut[name][:, :dim]) <= span / 255 * 0.5001 + 1e-6).all(), name
+        event(f"restored checkpoint {number}")
+
     @precondition(lambda self: len(self.lost) < self.r)  # the machine's own count: preconditions must not race
     @rule(data=st.data())
     def kill(self, data):
@@ -126,6 +183,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.killed[victim] = self.client._sources.get(victim)
         self.cluster.kill(victim)
         self.lost.add(victim)
+        self.killed_while_writing.add(victim)
         event(f"killed, {len(self.lost)} lost")
 
     @rule()
