@@ -11,6 +11,7 @@ from a listed key, and then, per operation:
   whose identity the delta names (a node announces its key with its presence; deciders copy it
   into the map), so a dead node, a spare, another node, a client or a decider cannot fold
   anything into a node's delta stream;
+- `snapshot` (a checkpoint: the node writes files where the request says): only from a client's key;
 - everything else (reads, writes, replays, degraded writes through the parity for a position
   the node knows dead, rebuild traffic): from any listed key.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 ROLES = ("node", "decider", "client")
 DECIDER_OPS = frozenset({"map", "invalidate", "rollback"})
+CLIENT_OPS = frozenset({"snapshot"})
 FIELDS = ("server_public", "public", "secret", "nodes", "deciders", "clients")
 
 
@@ -70,6 +72,8 @@ def refusal(msg, key: str | None, section: dict | None, peers: dict) -> str | No
     who = role(section, key)
     if msg.op in DECIDER_OPS or (msg.op == "applied" and msg.fence):
         return None if who == "decider" else f"{msg.op} is taken from a decider's key only, not a {who}'s"
+    if msg.op in CLIENT_OPS:
+        return None if who == "client" else f"{msg.op} is taken from a client's key only, not a {who}'s"
     if msg.op == "delta" and msg.dead is None:
         if who == "node" and peers.get(msg.source) == key:
             return None

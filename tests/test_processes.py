@@ -277,7 +277,7 @@ def test_curve_refuses_unauthenticated_clients(tmp_path):
 
 def test_each_key_may_send_only_what_its_role_sends(tmp_path):
     """A client's key (or a decider's, or a node's the map does not list) cannot fold a parity delta, and only
-    a decider's may invalidate, roll back or push a map: each is refused ("forbidden") and changes nothing.
+    a decider's may invalidate, roll back or push a map, only a client's take a checkpoint: each is refused ("forbidden") and changes nothing.
     Nodes given their own keys still fail over onto a spare, whose key the map then lists."""
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "ectable", "keygen", "--out", str(keys), "--nodes", "8"], check=True)
@@ -293,25 +293,30 @@ def test_each_key_may_send_only_what_its_role_sends(tmp_path):
         forged = {"op": "delta", "source": c.source(0), "seq": 99, "tables": ["t"]}
         promise = {"op": "holds", "table": "t", "source": "repair/forged", "position": 0, "dead": c.source(0)}
         degraded = {**forged, "source": "repair/forged", "seq": 1, "position": 0, "dead": c.source(0)}
+        snapshot = {"op": "snapshot", "number": 1, "root": "r", "directory": str(tmp_path / "ck"), "kind": "full"}
         unused = sorted(set(os.listdir(keys)) - {f"node-{i}.toml" for i in range(4)})
         by_key = {load(n[:-5])["public"]: n[:-5] for n in os.listdir(keys) if n.startswith("node-")}
         as_other = by_key[c._map.keys[2]]  # a live node's key, sending as node 0
         senders = {"client-1": [(forged, "forbidden"), ({"op": "invalidate", "table": "t"}, "forbidden"),
                                 ({"op": "rollback", "source": c.source(0), "window": 0, "clients": {}}, "forbidden"),
                                 (promise, "replaced"), (degraded, "replaced")],  # node 0 is alive: not degraded
-                   "decider-1": [(forged, "forbidden")], next(n[:-5] for n in unused if n.startswith("node-")):
-                   [(forged, "forbidden")], as_other: [(forged, "forbidden")]}
+                   "decider-1": [(forged, "forbidden"), (snapshot, "forbidden")],
+                   next(n[:-5] for n in unused if n.startswith("node-")): [(forged, "forbidden")],
+                   as_other: [(forged, "forbidden"), (snapshot, "forbidden")]}
         for name, headers in senders.items():
             channel = ZmqChannel(c.endpoints[holder], zmq.Context.instance(), load(name), connect_timeout=10.0)
             try:
                 for header, error in headers:
                     arrays = (payload.pack([(ids, np.full((1, 8), 255, np.uint8))]) if header["op"] == "delta"
-                              else [layout.stripe(ids)])
-                    reply = channel.call(header, arrays if header["op"] != "rollback" else [], 10.0)[0]
+                              else [] if header["op"] in ("rollback", "snapshot") else [layout.stripe(ids)])
+                    reply = channel.call(header, arrays, 10.0)[0]
                     assert reply.get("error") == error, (name, header["op"], reply)
             finally:
                 channel.close()
         check_parity(c, client)
+        assert not (tmp_path / "ck").exists()
+        client.checkpoint(str(tmp_path / "ok"))  # from a client's key
+        assert client.checkpoint_wait()["rows"] == 40
         c.kill(1)
         client.wait_recovered(timeout=60)
         assert None not in c._map.keys and len(set(c._map.keys)) == 3

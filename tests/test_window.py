@@ -167,10 +167,11 @@ def test_a_client_closed_after_its_cluster_with_a_step_due_closes_quietly(proces
                           st.sampled_from(["close", "checkpoint", "full"])), max_size=16), st.booleans())
 def test_the_window_flags_also_track_rows_written_since_each_checkpoint(events, replacement):
     """One flag byte per row, two uses: closing a window (parity) leaves the checkpoint marks alone; a
-    checkpoint clears its own, a full one both; a replacement's rows all count as written."""
+    checkpoint clears its own, a full one both, none clears "written ever"; a replacement's rows all count
+    as written."""
     records = np.zeros((20, 2), dtype=np.float32)
     w = Window(20, 2, modified=replacement)
-    since_ckpt = since_full = set(range(20)) if replacement else set()
+    since_ckpt = since_full = ever = set(range(20)) if replacement else set()
     window = set()
     for n, event in enumerate(events):
         if event == "close":
@@ -186,6 +187,8 @@ def test_the_window_flags_also_track_rows_written_since_each_checkpoint(events, 
             w.record(local, records[local], records[local] + n + 1)
             records[local] += n + 1
             window, since_ckpt, since_full = window | set(event), since_ckpt | set(event), since_full | set(event)
+            ever = ever | set(event)
         assert w.modified().tolist() == sorted(since_ckpt)
-        assert w.modified(since_full=True).tolist() == sorted(since_full)
+        assert w.modified("full").tolist() == sorted(since_full)
+        assert w.modified("ever").tolist() == sorted(ever) and w.written() == len(ever)
         assert len(w) == len(window)

@@ -592,7 +592,7 @@ class Node:
         work = [(name, shard.dim, *snapshots.take(shard, msg.kind, msg.root, msg.number))
                 for name, shard in self.shards.items()]
         self.writer = snapshots.Writer(msg.number, msg.directory, f"n{self.position}", work, msg.bits, msg.adaptive)
-        touched = sum(shard.rows - shard.initial_rows() for shard in self.shards.values())
+        touched = sum(shard.window.written() for shard in self.shards.values())  # what a full one would write
         return {"fits": True, "rows": self.writer.rows, "touched": touched}, []
 
     def op_snapshot_progress(self, msg, arrays):

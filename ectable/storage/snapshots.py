@@ -3,8 +3,8 @@
 so the training loop pays only for the copy.
 
 Which rows a checkpoint writes follows from the window's flags (`Window.modified`): a full one writes
-every row that left its initial value (rows never touched are a pure function of the table's seed
-and are computed again on restore), an incremental one the rows written since the previous
+every row ever written (the others hold their initial values, a pure function of the table's seed,
+computed again on restore), an incremental one the rows written since the previous
 checkpoint, a differential one those written since the last full one. The flags are valid only
 for the checkpoint chain they were cleared for: each shard remembers it as `marks`, one
 [root, number] for "since the previous checkpoint" and one for "since the last full one" (None:
@@ -35,11 +35,7 @@ def fits(shard: Shard, kind: str, root: str, after: int | None, base: int | None
 def take(shard: Shard, kind: str, root: str, number: int) -> tuple[np.ndarray, np.ndarray]:
     """(row ids, records copied) that checkpoint `number` of chain `root` writes of `shard`, with its
     flags cleared for it."""
-    if kind == "full":
-        local = np.arange(shard.records.shape[0])
-        local = local[~shard.fresh] if shard.fresh is not None else local
-    else:
-        local = shard.window.modified(since_full=kind == "differential")
+    local = shard.window.modified({"full": "ever", "incremental": "checkpoint", "differential": "full"}[kind])
     local = local[shard.layout.data_ids(shard.node, local) < shard.spec.num_rows]  # the last stripe's padding
     records = shard.records[local]  # a copy: writes after the cut do not reach it
     shard.window.checkpointed(full=kind == "full")

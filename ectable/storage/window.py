@@ -1,11 +1,13 @@
 """The dirty window: rows written since it opened, each with its parity delta so far; and, in the same flag
-byte per row, the rows written since the last checkpoint and since the last full one (one tracker, two uses)."""
+byte per row, the rows written since the last checkpoint, since the last full one, and ever (one tracker,
+two uses)."""
 from __future__ import annotations
 
 import numpy as np
 
 
-IN_WINDOW, SINCE_CHECKPOINT, SINCE_FULL = 1, 2, 4  # the flag bits
+IN_WINDOW, SINCE_CHECKPOINT, SINCE_FULL, WRITTEN = 1, 2, 4, 8  # the flag bits
+CHECKPOINT_BITS = SINCE_CHECKPOINT | SINCE_FULL | WRITTEN
 
 
 class Window:
@@ -14,7 +16,7 @@ class Window:
     both are at hand: closing the window reads no record.
 
     Costs one byte per row of the shard (the flags: in the window, written since the last checkpoint,
-    written since the last full checkpoint); everything else is proportional to the rows written in the
+    written since the last full checkpoint, written ever); everything else is proportional to the rows written in the
     window. `modified` and `checkpointed` are the checkpoint tier's side of the flags.
     """
 
@@ -23,7 +25,7 @@ class Window:
         a node whose writes since then are unknown)."""
         self.dirty = np.zeros(capacity, dtype=np.uint8)  # pages that stay zero are never touched
         if modified:
-            self.dirty[:] = SINCE_CHECKPOINT | SINCE_FULL
+            self.dirty[:] = CHECKPOINT_BITS
         self._local = np.empty(0, dtype=np.int64)
         self._delta = np.empty((0, width), dtype=np.uint32)
         self._order = None  # argsort of the window's rows, for lookups; None: stale
@@ -36,7 +38,7 @@ class Window:
         """Unique rows `local` change from records `old` to `new` (float32 [n, width]): add to their deltas."""
         change = old.view(np.uint32) ^ new.view(np.uint32)
         flags = self.dirty[local]
-        self.dirty[local] = flags | (IN_WINDOW | SINCE_CHECKPOINT | SINCE_FULL)
+        self.dirty[local] = flags | (IN_WINDOW | CHECKPOINT_BITS)
         again = (flags & IN_WINDOW).astype(bool)
         if again.any():  # written before in this window: the deltas add up
             self._delta[self._slots(local[again])] ^= change[again]
@@ -82,10 +84,14 @@ class Window:
             self._delta = np.empty((0, self._delta.shape[1]), dtype=np.uint32)
         return local, delta
 
-    def modified(self, since_full: bool = False) -> np.ndarray:
-        """Rows written since the last checkpoint (or, `since_full`, since the last full one), ascending."""
-        return np.flatnonzero(self.dirty & (SINCE_FULL if since_full else SINCE_CHECKPOINT))
+    def modified(self, since: str = "checkpoint") -> np.ndarray:
+        """Rows written since the last checkpoint, since the last "full" one, or "ever", ascending."""
+        return np.flatnonzero(self.dirty & {"checkpoint": SINCE_CHECKPOINT, "full": SINCE_FULL, "ever": WRITTEN}[since])
+
+    def written(self) -> int:
+        """How many rows were ever written."""
+        return int(np.count_nonzero(self.dirty & WRITTEN))
 
     def checkpointed(self, full: bool = False) -> None:
         """A checkpoint (`full`: a full one) took every row as it is now: none counts as written since."""
-        self.dirty &= np.uint8(IN_WINDOW if full else IN_WINDOW | SINCE_FULL)
+        self.dirty &= np.uint8(IN_WINDOW | WRITTEN if full else IN_WINDOW | SINCE_FULL | WRITTEN)
