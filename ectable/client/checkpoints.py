@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import clock
+from ..config import DEADLINE
 from ..checkpoint import pieces, policy as policies
 from ..checkpoint.history import Chain
 from ..checkpoint.quantize import BITS
@@ -83,17 +84,16 @@ class Checkpoints:
                        adaptive=bool(adaptive))
         client._catch_up()  # fail over what moved, so that every position's state is known
         live = [p for p in range(client.nodes) if client._state(p) != "dead"]
-        checks = {p: self._ask(p, m.Snapshot(kind=kind, check=True, **request)) for p in live}
+        checks = self._ask_all({p: m.Snapshot(kind=kind, check=True, **request) for p in live})
         if kind != "full" and not all(reply["fits"] for reply in checks.values() if reply and "fits" in reply):
             kind = "full"  # some node's flags were cleared for another chain, or a checkpoint that failed
+        ready = [p for p, reply in checks.items() if reply and "fits" in reply]
         taken_by, total, rows = {}, 0, 0
-        for p in live:
-            if checks[p] and "fits" in checks[p]:
-                reply = self._ask(p, m.Snapshot(kind=kind, **request))
-                if reply and "rows" in reply:
-                    taken_by[p] = client._sources.get(p)
-                    rows += reply["rows"]
-                    total += reply["touched"]
+        for p, reply in self._ask_all({p: m.Snapshot(kind=kind, **request) for p in ready}).items():
+            if reply and "rows" in reply:
+                taken_by[p] = client._sources.get(p)
+                rows += reply["rows"]
+                total += reply["touched"]
         degraded = [p for p in range(client.nodes) if p not in taken_by]
         work = self._read_through_parity(degraded, tables)
         local = None
@@ -117,14 +117,30 @@ class Checkpoints:
             raise InvalidRequest("memory:// checkpoints need nodes in this process (processes=False): each "
                                  "process has a memory filesystem of its own")
 
-    def _ask(self, p, request) -> dict | None:
-        """Node p's reply to a snapshot request; None if it is down (its rows are read through the parity)."""
+    def _ask_all(self, requests: dict) -> dict:
+        """{position: reply} of snapshot requests sent to every position at once (to the node identity this
+        client knows there); None for a node that did not answer (its rows are read through the parity).
+        Any other error is raised once every reply is in."""
         client = self.client
-        try:
-            return client._call(p, {**request.header(), "node": client._sources.get(p)}, [])[0]
-        except NodeDown:
+        client._finish_steps()
+        pending, out, failure = {}, {}, None
+        for p, request in requests.items():
+            try:
+                pending[p] = client.cluster.channel(p).start({**request.header(), "node": client._sources.get(p)}, [])
+            except NodeDown:
+                out[p] = None
+        for p, started in pending.items():
+            try:
+                out[p] = client._check_reply(p, *started.wait(DEADLINE))[0]
+            except NodeDown:
+                out[p] = None
+            except Error as exc:
+                failure = failure or exc
+        for p in [p for p, reply in out.items() if reply is None]:
             client._lost(p)
-            return None
+        if failure is not None:
+            raise failure
+        return out
 
     def _read_through_parity(self, positions: list, tables: dict) -> list:
         """[(table, dim, ids, records)] of every row of `positions`, read from wherever they can be."""
