@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import fsspec
 import numpy as np
@@ -168,6 +169,34 @@ def test_a_node_killed_while_writing_fails_the_checkpoint_and_the_next_is_a_full
         manifest = client.checkpoint_wait()
         want = state(client)
     assert manifest["number"] == 3 and manifest["kind"] == "full"  # the nodes' flags were cleared for number 2
+    assert_restores(path, want)
+
+
+def test_a_checkpoint_given_up_while_nodes_still_write_it_is_superseded_by_the_next(tmp_path, monkeypatch):
+    """Checkpoint 1 fails (a node killed) while the others still write their pieces: the next checkpoint
+    is taken at once, and their writers of checkpoint 1 stop."""
+    from ectable.checkpoint import pieces
+    release, write = threading.Event(), pieces.write_piece
+
+    def slow(fs, directory, data, prefix="piece"):
+        if directory.endswith("00000001"):
+            release.wait(30)
+        return write(fs, directory, data, prefix)
+    monkeypatch.setattr(pieces, "write_piece", slow)
+    rng = np.random.default_rng(9)
+    path = str(tmp_path / "c")
+    with ectable.LocalCluster(nodes=4, code="xor", k=3, r=1, spares=1, processes=False) as cluster:
+        client = cluster.connect()
+        make_tables(client)
+        train(client, rng, 2)
+        client.checkpoint(path, policy="incremental")
+        cluster.kill(0)
+        with pytest.raises(ectable.Error, match="checkpoint 1 failed"):
+            client.checkpoint_wait()
+        client.checkpoint(path, policy="incremental")
+        release.set()
+        assert client.checkpoint_wait()["number"] == 2
+        want = state(client)
     assert_restores(path, want)
 
 

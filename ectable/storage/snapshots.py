@@ -59,6 +59,7 @@ class Writer:
         self.pieces: list[dict] = []
         self.error: str | None = None
         self.done = False
+        self._cancelled = False
         self._thread = threading.Thread(target=self._run, name=f"checkpoint-{number}", daemon=True)
         self._thread.start()
 
@@ -68,6 +69,8 @@ class Writer:
             for n, (table, dim, ids, records) in enumerate(self.work):
                 step = max(1, PIECE_BYTES // max(1, records.shape[1] * 4))
                 for start in range(0, ids.size, step):
+                    if self._cancelled:
+                        raise RuntimeError("superseded by a later checkpoint")
                     part = slice(start, start + step)
                     data = pieces.encode_piece(table, ids[part], records[part, :dim], records[part, dim:],
                                                self.bits, self.adaptive)
@@ -89,5 +92,6 @@ class Writer:
             out["pieces"] = list(self.pieces)
         return out
 
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+    def cancel(self) -> None:
+        """Stop before the next piece: a later checkpoint supersedes this one (whose client gave it up)."""
+        self._cancelled = True
