@@ -1,9 +1,23 @@
-"""The README's usage example runs as written."""
+"""The README's usage examples run as written."""
 import pathlib
 import re
 
+import ectable
+
+BLOCKS = re.findall(r"```python\n(.*?)```", (pathlib.Path(__file__).parents[1] / "README.md").read_text(), re.S)
+
 
 def test_readme_example_runs():
-    text = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(BLOCKS[0], "README.md", "exec"), {})
+
+
+def test_readme_checkpoint_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with ectable.LocalCluster(nodes=4, code="xor", k=3, r=1, processes=False) as cluster, \
+            ectable.LocalCluster(nodes=3, code="rs", k=1, r=2, processes=False) as other_cluster:
+        client = cluster.connect()
+        client.create_table("items", num_rows=1000, dim=8, init="normal")
+        client.put("items", [3], [[1.0] * 8])
+        exec(compile(BLOCKS[1], "README.md", "exec"), {"client": client, "other_cluster": other_cluster,
+                                                        "ectable": ectable})
+        assert other_cluster.connect().get("items", [3]).tolist() == [[1.0] * 8]
