@@ -79,6 +79,39 @@ def test_every_policy_restores_each_checkpoint_into_another_shape(tmp_path, proc
             assert sorted(restored.tables) == ["a", "b"]
 
 
+@pytest.mark.parametrize("bits", [None, 3, 4])
+def test_every_node_killed_after_a_checkpoint_and_it_restores_exactly_or_within_the_quantization_bound(tmp_path,
+                                                                                                     bits):
+    """Exact checkpoints restore bit for bit; quantized ones within half a step of each row's range (the
+    documented bound: (max - min) / (2**bits - 1) / 2 per weight), optimizer state exact."""
+    rng = np.random.default_rng(10)
+    path = str(tmp_path / "c")
+    with ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, spares=0) as cluster:
+        client = cluster.connect()
+        make_tables(client)
+        train(client, rng, 2)
+        client.checkpoint(path, policy="incremental", bits=bits)
+        client.checkpoint_wait()
+        train(client, rng, 2, 2)
+        client.checkpoint(path, policy="incremental", bits=bits)
+        client.checkpoint_wait()
+        want = state(client)
+        for p in range(5):
+            cluster.kill(p)
+    with ectable.LocalCluster(nodes=4, code="xor", k=3, r=1) as other:
+        client = other.connect()
+        client.restore(path)
+        got = state(client)
+    for table, dim in (("a", 8), ("b", 4)):
+        if bits is None:
+            np.testing.assert_array_equal(got[table], want[table])
+            continue
+        np.testing.assert_array_equal(got[table][:, dim:], want[table][:, dim:])
+        weights = want[table][:, :dim]
+        step = (weights.max(axis=1) - weights.min(axis=1)) / (2 ** bits - 1)
+        assert (np.abs(got[table][:, :dim] - weights) <= step[:, None] / 2 * 1.001 + 1e-6).all()
+
+
 def test_incremental_checkpoints_write_only_the_rows_written_since_and_quantized_ones_stay_close(tmp_path):
     rng = np.random.default_rng(2)
     with ectable.LocalCluster(nodes=4, code="rs", k=2, r=2, processes=False) as cluster:
