@@ -141,7 +141,8 @@ def cmd_checkpoint(args) -> None:
     directory = chain.directory(manifest["number"])
     print(f"checkpoint {manifest['number']} of {args.path}: {manifest['kind']} ({manifest['policy']['name']} policy), "
           f"weights {'exact' if manifest['bits'] is None else str(manifest['bits']) + '-bit'}"
-          f"{' adaptive' if manifest['adaptive'] else ''}, optimizer state exact; restore reads "
+          f"{' adaptive' if manifest['adaptive'] else ''}, optimizer state "
+          f"{'exact' if manifest.get('state_bits') is None else str(manifest['state_bits']) + '-bit'}; restore reads "
           f"{manifest['chain_numbers']}")
     print(f"taken by a cluster of {manifest['cluster']['nodes']} nodes, {manifest['cluster']['id']} "
           f"(k={manifest['cluster']['k']}, r={manifest['cluster']['r']}); read through the parity: "

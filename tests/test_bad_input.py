@@ -121,6 +121,7 @@ PUBLIC = [
     ("checkpoint", ("memory://c",), dict(policy="sometimes"), "'sometimes'"),
     ("checkpoint", ("memory://c",), dict(policy={"name": "intermittent", "threshold": 2}), "threshold"),
     ("checkpoint", ("memory://c",), dict(extra="text"), "extra must be bytes"),
+    ("checkpoint", ("memory://c",), dict(state_bits=16), "state_bits"),
     ("checkpoint", ("memory://c",), dict(keep=0), "keep"),
     ("checkpoint", ("",), {}, "path"),
     ("checkpoint", (None,), {}, "path"),
@@ -195,6 +196,8 @@ WIRE = [
     ({"op": "snapshot", "number": 1, "root": "r", "directory": "memory://x", "kind": "most"}, [], "'most'"),
     ({"op": "snapshot", "number": 1, "root": "r", "directory": "memory://x", "kind": "full", "bits": 5}, [], "5"),
     ({"op": "snapshot", "number": 0, "root": "r", "directory": "memory://x", "kind": "full"}, [], "number"),
+    ({"op": "snapshot", "number": 1, "root": "r", "directory": "memory://x", "kind": "full", "state_bits": 1}, [],
+     "state_bits 1"),
     ({"op": "snapshot", "number": 1, "directory": "memory://x", "kind": "full"}, [], "'root'"),
     ({"op": "snapshot_progress", "number": 3}, [], "checkpoint 3"),
 ]

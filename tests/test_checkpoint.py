@@ -112,6 +112,25 @@ def test_every_node_killed_after_a_checkpoint_and_it_restores_exactly_or_within_
         assert (np.abs(got[table][:, :dim] - weights) <= step[:, None] / 2 * 1.001 + 1e-6).all()
 
 
+def test_optimizer_state_quantized_on_request(tmp_path):
+    rng = np.random.default_rng(11)
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, r=1, processes=False) as cluster:
+        client = cluster.connect()
+        make_tables(client)
+        train(client, rng, 2)
+        client.checkpoint(str(tmp_path / "c"), policy="full", state_bits=8)
+        assert client.checkpoint_wait()["state_bits"] == 8
+        want = state(client)["a"]
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, r=1, processes=False) as other:
+        client = other.connect()
+        client.restore(str(tmp_path / "c"))
+        got = state(client)["a"]
+    np.testing.assert_array_equal(got[:, :8], want[:, :8])  # weights exact
+    step = (want[:, 8:].max(axis=1) - want[:, 8:].min(axis=1)) / 255
+    assert (np.abs(got[:, 8:] - want[:, 8:]) <= step[:, None] / 2 * 1.001 + 1e-6).all()
+    assert not np.array_equal(got[:, 8:], want[:, 8:])
+
+
 def test_incremental_checkpoints_write_only_the_rows_written_since_and_quantized_ones_stay_close(tmp_path):
     rng = np.random.default_rng(2)
     with ectable.LocalCluster(nodes=4, code="rs", k=2, r=2, processes=False) as cluster:

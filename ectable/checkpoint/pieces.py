@@ -3,7 +3,7 @@
 A checkpoint is a directory (a local path or any `fsspec` URL) holding pieces and one
 `manifest.json`. A piece holds some rows of one table, by row id, so it does not depend on
 the layout of the cluster that wrote it: their ids, their weights (quantized, `quantize.py`,
-or exact float32) and their optimizer state (exact). Its bytes are MAGIC, then one lz4 frame
+or exact float32) and their optimizer state (exact unless quantized on request). Its bytes are MAGIC, then one lz4 frame
 of the msgpack list of the message frames `transport.codec` makes of them (the wire format:
 a header naming each array's dtype and shape, then the arrays' raw bytes), so decoding a
 piece checks it as strictly as a message from the network. The
@@ -29,7 +29,6 @@ from . import quantize
 MAGIC = b"ECTABLE-PIECE-2\n"
 MANIFEST = "manifest.json"
 FORMAT = 1
-ARRAYS = {None: ("ids", "weights", "state"), "quantized": ("ids", "codes", "lo", "scale", "state")}
 
 
 class BadCheckpoint(Error):
@@ -42,24 +41,37 @@ def location(url: str):
 
 
 def encode_piece(table: str, ids: np.ndarray, weights: np.ndarray, state: np.ndarray,
-                 bits: int | None = None, adaptive: bool = False) -> bytes:
+                 bits: int | None = None, adaptive: bool = False, state_bits: int | None = None) -> bytes:
     """A piece's bytes: rows `ids` of `table`, their weights float32 [n, dim] (as `bits`-bit codes, or exact
-    if None) and optimizer state float32 [n, s] (exact)."""
+    if None) and optimizer state float32 [n, s] (exact, or as `state_bits`-bit codes)."""
     ids = np.asarray(ids, dtype=np.int64)
     header = {"table": table, "rows": int(ids.size), "dim": int(weights.shape[1]), "bits": bits,
-              "adaptive": bool(adaptive and bits is not None)}
-    if bits is None:
-        arrays = [ids, np.asarray(weights, dtype=np.float32)]
-    else:
-        stored = quantize.quantize(weights, bits, adaptive)
-        arrays = [ids, stored.codes, stored.lo, stored.scale]
-    frames = codec.encode(header, [*arrays, np.asarray(state, dtype=np.float32)])
+              "adaptive": bool(adaptive and bits is not None), "state_bits": state_bits,
+              "state_width": int(state.shape[1])}
+    arrays = [ids, *_stored(weights, bits, adaptive), *_stored(state, state_bits, False)]
+    frames = codec.encode(header, arrays)
     return MAGIC + lz4.frame.compress(msgpack.packb([bytes(f) for f in frames], use_bin_type=True))
 
 
+def _stored(values: np.ndarray, bits: int | None, adaptive: bool) -> list:
+    """The arrays that store float32 `values`: themselves, or their codes, range starts and steps."""
+    if bits is None:
+        return [np.asarray(values, dtype=np.float32)]
+    stored = quantize.quantize(np.asarray(values, dtype=np.float32), bits, adaptive)
+    return [stored.codes, stored.lo, stored.scale]
+
+
+def _loaded(arrays: list, bits: int | None, width: int) -> tuple[np.ndarray, list]:
+    """(float32 values, the arrays left) from the front of `arrays`, as `_stored` stored them."""
+    if bits is None:
+        return arrays[0], arrays[1:]
+    codes, lo, scale = arrays[:3]
+    return quantize.dequantize(quantize.Quantized(codes, lo, scale, bits, width)), arrays[3:]
+
+
 def decode_piece(data: bytes, name: str = "piece") -> dict:
-    """{table, rows, dim, bits, adaptive, ids, weights float32 [n, dim], state} of a piece's bytes;
-    BadCheckpoint naming `name` if they are not one."""
+    """{table, rows, dim, bits, adaptive, state_bits, ids, weights float32 [n, dim], state float32 [n, s]} of a
+    piece's bytes; BadCheckpoint naming `name` if they are not one."""
     try:
         if not data.startswith(MAGIC):
             raise ValueError("not a piece of an ectable checkpoint")
@@ -67,19 +79,19 @@ def decode_piece(data: bytes, name: str = "piece") -> dict:
         if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
             raise ValueError("its body is not a list of frames")
         header, arrays = codec.decode(frames)
-        n, dim, bits = header["rows"], header["dim"], header["bits"]
-        if not isinstance(header["table"], str) or bits not in (None, *quantize.BITS):
+        n, dim, bits, state_bits = header["rows"], header["dim"], header["bits"], header["state_bits"]
+        if not isinstance(header["table"], str) or bits not in (None, *quantize.BITS) \
+                or state_bits not in (None, *quantize.BITS):
             raise ValueError("its header names no table or an unknown bit width")
-        names = ARRAYS[None if bits is None else "quantized"]
-        if len(arrays) != len(names):
-            raise ValueError(f"it holds {len(arrays)} arrays, not {len(names)}")
-        got = dict(zip(names, arrays))
-        if bits is not None:
-            got["weights"] = quantize.dequantize(quantize.Quantized(got["codes"], got["lo"], got["scale"], bits, dim))
-        ids, weights, state = got["ids"], got["weights"], got["state"]
+        count = 1 + (1 if bits is None else 3) + (1 if state_bits is None else 3)
+        if len(arrays) != count:
+            raise ValueError(f"it holds {len(arrays)} arrays, not {count}")
+        ids = arrays[0]
+        weights, rest = _loaded(arrays[1:], bits, dim)
+        state, _ = _loaded(rest, state_bits, header["state_width"])
         if ids.shape != (n,) or weights.shape != (n, dim) or state.ndim != 2 or state.shape[0] != n:
             raise ValueError("its arrays do not hold the rows its header names")
-        return {**{k: header[k] for k in ("table", "rows", "dim", "bits", "adaptive")}, "ids": ids,
+        return {**{k: header[k] for k in ("table", "rows", "dim", "bits", "adaptive", "state_bits")}, "ids": ids,
                 "weights": weights, "state": state}
     except Exception as exc:  # anything malformed: lz4, msgpack, the wire format, shapes, keys, types
         raise BadCheckpoint(f"{name}: {type(exc).__name__}: {exc}"[:300]) from None

@@ -57,11 +57,13 @@ class Checkpoints:
         self.pending: _Pending | None = None
 
     # -- take ----------------------------------------------------------------
-    def take(self, path: str, policy, bits: int | None, adaptive: bool, extra, keep: int | None) -> int:
+    def take(self, path: str, policy, bits: int | None, adaptive: bool, extra, keep: int | None,
+             state_bits: int | None = None) -> int:
         """Start checkpoint of every table into the chain at `path`; its number."""
         policy = policies.Policy.from_config(policy)
-        if bits not in (None, *BITS):
-            raise InvalidRequest(f"bits must be one of {BITS} or None (exact), got {bits!r}")
+        for name, value in (("bits", bits), ("state_bits", state_bits)):
+            if value not in (None, *BITS) or isinstance(value, bool):
+                raise InvalidRequest(f"{name} must be one of {BITS} or None (exact), got {value!r}")
         if extra is not None and not isinstance(extra, (bytes, bytearray, memoryview)):
             raise InvalidRequest(f"extra must be bytes (or None), got {type(extra).__name__}")
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -81,7 +83,7 @@ class Checkpoints:
         directory = chain.url_of(number)
         chain.fs.makedirs(chain.directory(number), exist_ok=True)
         request = dict(number=number, root=chain.id, directory=directory, after=after, base=base, bits=bits,
-                       adaptive=bool(adaptive))
+                       adaptive=bool(adaptive), state_bits=state_bits)
         client._catch_up()  # fail over what moved, so that every position's state is known
         live = [p for p in range(client.nodes) if client._state(p) != "dead"]
         checks = self._ask_all({p: m.Snapshot(kind=kind, check=True, **request) for p in live})
@@ -98,11 +100,12 @@ class Checkpoints:
         work = self._read_through_parity(degraded, tables)
         local = None
         if work:
-            local = snapshots.Writer(number, directory, "client", work, bits, adaptive)
+            local = snapshots.Writer(number, directory, "client", work, bits, adaptive, state_bits)
             rows += local.rows
             total += local.rows
         manifest = {"chain": chain.id, "number": number, "kind": kind, "policy": policy.get_config(),
-                    "bits": bits, "adaptive": bool(adaptive and bits is not None), "rows": rows, "total": total,
+                    "bits": bits, "adaptive": bool(adaptive and bits is not None), "state_bits": state_bits,
+                    "rows": rows, "total": total,
                     "tables": list(tables.values()), "degraded": degraded, "created": time.time(),
                     "chain_numbers": [t.number for t in policies.restore_chain(
                         [*taken, policies.Taken(number, kind, rows, total)])],
@@ -200,7 +203,7 @@ class Checkpoints:
         if pending is None:
             return None
         deadline = clock.monotonic() + (WAIT if timeout is None else timeout)
-        entries = {}
+        entries, seconds = {}, []
         while True:
             for p in pending.nodes:
                 if p not in entries:
@@ -209,6 +212,7 @@ class Checkpoints:
                         self._fail(f"node {p}: {reply['error']}")
                     if reply["done"]:
                         entries[p] = reply["pieces"]
+                        seconds.append(reply["seconds"])
             local = pending.local
             if local is not None and local.done and local.error:
                 self._fail(f"the rows read through the parity could not be written: {local.error}")
@@ -219,7 +223,8 @@ class Checkpoints:
                             f"nodes {sorted(set(pending.nodes) - set(entries))}); wait again")
             clock.sleep(0.01)
         listed = [entry for p in sorted(entries) for entry in entries[p]] + (local.pieces if local else [])
-        manifest = {**pending.manifest, "pieces": listed}
+        seconds += [local.seconds] if local else []
+        manifest = {**pending.manifest, "pieces": listed, "write_seconds": max(seconds, default=0.0)}
         pieces.write_manifest(pending.chain.fs, pending.chain.directory(pending.number), manifest)
         self.pending = None
         if pending.keep is not None:

@@ -533,15 +533,16 @@ class Client:
     # -- checkpoints -------------------------------------------------------
     @_open
     def checkpoint(self, path: str, policy="intermittent", bits: int | None = None, adaptive: bool = False,
-                   extra: bytes | None = None, keep: int | None = None) -> int:
+                   extra: bytes | None = None, keep: int | None = None, state_bits: int | None = None) -> int:
         """Checkpoint every table into the chain of checkpoints at `path` (a directory or fsspec URL) at this
         point of the caller's writes; returns its number once every node has copied its rows, which it then
         writes in the background (`checkpoint_wait`). `policy`: "full", "incremental", "differential" or
         "intermittent" (or {name, threshold}); `bits`: 2, 3, 4 or 8 to store weights quantized per row
-        (`adaptive`: ranges fitted to minimise the error), None exact; optimizer state is stored exactly.
+        (`adaptive`: ranges fitted to minimise the error), None exact; optimizer state is stored exactly
+        unless `state_bits` (2, 3, 4 or 8) asks otherwise.
         `extra`: bytes stored with it (a data reader's position, a dense model's state) that restore
         returns. `keep`: delete the checkpoints no restore of the last `keep` needs."""
-        return self._checkpoints.take(path, policy, bits, adaptive, extra, keep)
+        return self._checkpoints.take(path, policy, bits, adaptive, extra, keep, state_bits)
 
     @_open
     def checkpoint_wait(self, timeout: float | None = None) -> dict | None:

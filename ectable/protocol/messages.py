@@ -198,7 +198,8 @@ class Status(Request):
 class Snapshot(Request):
     """Checkpoint `number` of chain `root`: copy the rows a checkpoint of `kind` writes ("full",
     "incremental" after checkpoint `after`, "differential" from baseline `base`), then write their
-    pieces (weights as `bits`-bit codes, `adaptive` ranges, or exact) into `directory` (a URL) in the
+    pieces (weights as `bits`-bit codes, `adaptive` ranges, or exact; optimizer state exact or as
+    `state_bits`-bit codes) into `directory` (a URL) in the
     background. With `check`, only say whether this node can (its flags fit the chain, no rows
     missing) and change nothing."""
     number: int
@@ -209,6 +210,7 @@ class Snapshot(Request):
     base: int | None = None
     bits: int | None = None
     adaptive: bool = False
+    state_bits: int | None = None
     check: bool = False
     node: str | None = None
 

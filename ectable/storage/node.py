@@ -580,8 +580,9 @@ class Node:
     def op_snapshot(self, msg, arrays):
         """See `messages.Snapshot`; a node with rows still to rebuild answers "rebuilding" (the client reads
         them through the parity instead)."""
-        if msg.kind not in snapshots.KINDS or msg.bits not in (None, *BITS) or msg.number < 1:
-            raise InvalidRequest(f"snapshot: bad kind {msg.kind!r}, bits {msg.bits!r} or number {msg.number!r}")
+        if msg.kind not in snapshots.KINDS or {msg.bits, msg.state_bits} - {None, *BITS} or msg.number < 1:
+            raise InvalidRequest(f"snapshot: bad kind {msg.kind!r}, bits {msg.bits!r}, state_bits {msg.state_bits!r} "
+                                 f"or number {msg.number!r}")
         if any(shard.missing_data is not None and shard.missing_data.any() for shard in self.shards.values()):
             return {"rebuilding": True}, []
         fits = all(snapshots.fits(s, msg.kind, msg.root, msg.after, msg.base) for s in self.shards.values())
@@ -591,7 +592,8 @@ class Node:
                 for name, shard in self.shards.items()]
         if self.writer is not None:
             self.writer.cancel()  # still writing a checkpoint its client gave up (every client waits for its last)
-        self.writer = snapshots.Writer(msg.number, msg.directory, f"n{self.position}", work, msg.bits, msg.adaptive)
+        self.writer = snapshots.Writer(msg.number, msg.directory, f"n{self.position}", work, msg.bits, msg.adaptive,
+                                       msg.state_bits)
         touched = sum(shard.window.written() for shard in self.shards.values())  # what a full one would write
         return {"fits": True, "rows": self.writer.rows, "touched": touched}, []
 

@@ -13,6 +13,7 @@ since the table was created or, for a replacement, rebuilt, which every chain ma
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -49,10 +50,11 @@ class Writer:
     """Writes the pieces of one checkpoint's copied rows from a background thread; its progress is read
     without waiting."""
 
-    def __init__(self, number: int, directory: str, prefix: str, work: list, bits: int | None, adaptive: bool):
+    def __init__(self, number: int, directory: str, prefix: str, work: list, bits: int | None, adaptive: bool,
+                 state_bits: int | None = None):
         """`work`: [(table, dim, ids, records)]; pieces are named `prefix`-... in `directory` (a URL)."""
         self.number, self.directory, self.prefix = number, directory, prefix
-        self.work, self.bits, self.adaptive = work, bits, adaptive
+        self.work, self.bits, self.adaptive, self.state_bits = work, bits, adaptive, state_bits
         self.rows = sum(ids.size for _, _, ids, _ in work)
         self.written = 0  # rows
         self.bytes = 0
@@ -60,6 +62,8 @@ class Writer:
         self.error: str | None = None
         self.done = False
         self._cancelled = False
+        self.seconds: float | None = None  # from the copy to the last piece written
+        self._began = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"checkpoint-{number}", daemon=True)
         self._thread.start()
 
@@ -73,7 +77,7 @@ class Writer:
                         raise RuntimeError("superseded by a later checkpoint")
                     part = slice(start, start + step)
                     data = pieces.encode_piece(table, ids[part], records[part, :dim], records[part, dim:],
-                                               self.bits, self.adaptive)
+                                               self.bits, self.adaptive, self.state_bits)
                     entry = pieces.write_piece(fs, directory, data, f"{self.prefix}-t{n}")
                     self.pieces.append({**entry, "table": table, "rows": int(ids[part].size)})
                     self.written += int(ids[part].size)
@@ -82,12 +86,13 @@ class Writer:
         except Exception as exc:  # reported to the client, which fails the checkpoint
             self.error = f"{type(exc).__name__}: {exc}"[:500]
         finally:
+            self.seconds = time.monotonic() - self._began
             self.done = True
 
     def progress(self) -> dict:
         """What a client polls: rows and bytes written so far; when done, the pieces (or the error)."""
         out = {"number": self.number, "rows": self.rows, "written": self.written, "bytes": self.bytes,
-               "done": self.done, "error": self.error}
+               "done": self.done, "error": self.error, "seconds": self.seconds}
         if self.done and self.error is None:
             out["pieces"] = list(self.pieces)
         return out
