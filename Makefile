@@ -12,12 +12,14 @@ TRAIN_ARGS := --scale 1.0 --iters 60 --checkpoint-every 25
 RECOVERY_ARGS := --scale 1.0 --iters 800 --shares 0.5 0.2
 WINDOW_ARGS := --rows 1000000 --scale 0.1
 CREATE_ROWS := 5000000
+CKPT_ARGS := --scale 1.0 --iters 300 --every 100
 else
 SCALE := 0.1
 TRAIN_ARGS := --scale 0.1
 RECOVERY_ARGS := --sizes 250000 500000 1000000 --scale 0.1 --iters 300 --shares 0.5 0.2
 WINDOW_ARGS := --rows 200000 --scale 0.01
 CREATE_ROWS := 1000000
+CKPT_ARGS := --scale 0.1 --iters 200 --every 100
 endif
 
 $(STAMP): setup.cfg pyproject.toml
@@ -52,6 +54,8 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.train_loop --workload criteo $(TRAIN_ARGS)
 	$(PY) -m bench.node_time --scale $(SCALE)
 	$(PY) -m bench.quantize
+	$(PY) -m bench.checkpoint $(CKPT_ARGS)
+	$(PY) -m bench.checkpoint_accuracy
 	$(PY) -m bench.garbage_stream
 	$(PY) -m bench.create_table --rows $(CREATE_ROWS)
 	$(PY) -m bench.recovery $(RECOVERY_ARGS)
