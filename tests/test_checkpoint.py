@@ -26,6 +26,12 @@ def train(client, rng, iterations, start=0):
         client.step()
 
 
+def take(client, path, **options) -> dict:
+    """A checkpoint, taken and waited for: its manifest."""
+    client.checkpoint(path, **options)
+    return client.checkpoint_wait()
+
+
 def make_tables(client):
     client.create_table("a", num_rows=N_A, dim=8, optimizer="adagrad", lr=0.1, init="normal", seed=1)
     client.create_table("b", num_rows=N_B, dim=4, init="zeros")
@@ -90,11 +96,9 @@ def test_every_node_killed_after_a_checkpoint_and_it_restores_exactly_or_within_
         client = cluster.connect()
         make_tables(client)
         train(client, rng, 2)
-        client.checkpoint(path, policy="incremental", bits=bits)
-        client.checkpoint_wait()
+        take(client, path, policy="incremental", bits=bits)
         train(client, rng, 2, 2)
-        client.checkpoint(path, policy="incremental", bits=bits)
-        client.checkpoint_wait()
+        take(client, path, policy="incremental", bits=bits)
         want = state(client)
         for p in range(5):
             cluster.kill(p)
@@ -118,8 +122,7 @@ def test_optimizer_state_quantized_on_request(tmp_path):
         client = cluster.connect()
         make_tables(client)
         train(client, rng, 2)
-        client.checkpoint(str(tmp_path / "c"), policy="full", state_bits=8)
-        assert client.checkpoint_wait()["state_bits"] == 8
+        assert take(client, str(tmp_path / "c"), policy="full", state_bits=8)["state_bits"] == 8
         want = state(client)["a"]
     with ectable.LocalCluster(nodes=3, code="xor", k=2, r=1, processes=False) as other:
         client = other.connect()
@@ -141,8 +144,7 @@ def test_incremental_checkpoints_write_only_the_rows_written_since_and_quantized
         first = client.checkpoint_wait()
         ids = np.arange(50)
         client.apply_gradient("a", ids, np.ones((50, 8), np.float32))
-        client.checkpoint(str(tmp_path / "q"), policy="incremental", bits=4)
-        second = client.checkpoint_wait()
+        second = take(client, str(tmp_path / "q"), policy="incremental", bits=4)
         want = state(client)
     assert first["number"] == full == 1 and first["kind"] == "full"
     assert second["kind"] == "incremental" and second["rows"] == 50  # "b" untouched: not written again
@@ -164,12 +166,10 @@ def test_a_checkpoint_of_a_degraded_cluster_reads_the_dead_node_through_the_pari
         client = cluster.connect()
         make_tables(client)
         train(client, rng, 2)
-        client.checkpoint(str(tmp_path / "c"), policy="incremental")
-        client.checkpoint_wait()
+        take(client, str(tmp_path / "c"), policy="incremental")
         cluster.kill(1)
         train(client, rng, 2, 2)
-        client.checkpoint(str(tmp_path / "c"), policy="incremental")
-        manifest = client.checkpoint_wait()
+        manifest = take(client, str(tmp_path / "c"), policy="incremental")
         want = state(client)
     assert manifest["degraded"] == [1] and manifest["kind"] == "incremental"
     assert_restores(str(tmp_path / "c"), want)
@@ -184,16 +184,13 @@ def test_a_checkpoint_just_after_a_kill_and_of_the_replacement_that_rebuilt_it(t
         client = cluster.connect()
         make_tables(client)
         train(client, rng, 2)
-        client.checkpoint(path, policy="differential")
-        client.checkpoint_wait()
+        take(client, path, policy="differential")
         cluster.kill(1)
-        client.checkpoint(path, policy="differential")
-        first = client.checkpoint_wait()
+        first = take(client, path, policy="differential")
         wants = [state(client)]
         client.wait_recovered(timeout=60)
         train(client, rng, 1, 2)
-        client.checkpoint(path, policy="differential")
-        second = client.checkpoint_wait()
+        second = take(client, path, policy="differential")
         wants.append(state(client))
     assert [first["kind"], second["kind"]] == ["differential"] * 2
     assert_restores(path, wants[0], 2)
@@ -207,8 +204,7 @@ def test_a_node_killed_while_writing_fails_the_checkpoint_and_the_next_is_a_full
         client = cluster.connect()
         make_tables(client)
         train(client, rng, 2)
-        client.checkpoint(path, policy="incremental")
-        client.checkpoint_wait()
+        take(client, path, policy="incremental")
         train(client, rng, 1, 2)
         client.checkpoint(path, policy="incremental")
         cluster.kill(2)  # before the client hears its pieces are written
@@ -217,8 +213,7 @@ def test_a_node_killed_while_writing_fails_the_checkpoint_and_the_next_is_a_full
         assert not os.path.exists(os.path.join(path, "00000002", "manifest.json"))
         client.wait_recovered(timeout=60)
         train(client, rng, 1, 3)
-        client.checkpoint(path, policy="incremental")
-        manifest = client.checkpoint_wait()
+        manifest = take(client, path, policy="incremental")
         want = state(client)
     assert manifest["number"] == 3 and manifest["kind"] == "full"  # the nodes' flags were cleared for number 2
     assert_restores(path, want)
@@ -260,8 +255,7 @@ def test_keep_deletes_what_no_kept_checkpoint_needs(tmp_path):
         for name, policy, keep in (("d", "differential", 2), ("i", "incremental", 1)):
             for n in range(5):
                 train(client, rng, 1, n)
-                client.checkpoint(str(tmp_path / name), policy=policy, keep=keep)
-                client.checkpoint_wait()
+                take(client, str(tmp_path / name), policy=policy, keep=keep)
         want = state(client)
     assert sorted(os.listdir(tmp_path / "d")) == ["00000001", "00000004", "00000005", "chain.json"]
     assert sorted(os.listdir(tmp_path / "i")) == [f"{n:08d}" for n in range(1, 6)] + ["chain.json"]
@@ -274,8 +268,7 @@ def test_in_memory_filesystem_with_nodes_in_process_and_refused_with_node_proces
         client = cluster.connect()
         make_tables(client)
         train(client, rng, 2)
-        client.checkpoint("memory://ck/run", policy="full")
-        client.checkpoint_wait()
+        take(client, "memory://ck/run", policy="full")
         want = state(client)
     assert_restores("memory://ck/run", want)
     fsspec.filesystem("memory").rm("/ck", recursive=True)
@@ -295,8 +288,7 @@ def chain(tmp_path_factory):
         make_tables(client)
         for n in range(3):
             train(client, rng, 2, 2 * n)
-            client.checkpoint(path, policy="incremental", bits=8)
-            client.checkpoint_wait()
+            take(client, path, policy="incremental", bits=8)
             wants.append(state(client))
     return path, wants
 
