@@ -57,7 +57,10 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
                       "the holders took out a window every target had acknowledged (writes no client kept)"),
          ("rs", 1388, "a spare rebuilding a position, holding none of a dead node's stripes' parity rows yet, had no "
                       "known level and stopped the rollback: a holder one window behind forgot its rows of stripes "
-                      "whose other two slots were dead and rebuilding (Unavailable)")]
+                      "whose other two slots were dead and rebuilding (Unavailable)"),
+         ("xor", 203, "a table created while a node had not yet learned of a replacement (done rebuilding: its only "
+                      "table was dropped): the node took the position for dead and dropped its deltas of the new "
+                      "table's rows for it as moot; the replacement's parity of them went stale")]
 
 
 @pytest.mark.timeout(300)

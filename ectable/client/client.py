@@ -152,16 +152,34 @@ class Client:
     def _to_every_node(self, header: dict) -> None:
         """Send a table's create or drop to every position at once, after the claim in the store: the map is
         read again (a spare installed before the claim got the tables as they were then), and a node that
-        dies meanwhile is failed over and what stands at its position is asked too."""
+        dies meanwhile is failed over and what stands at its position is asked too. A create returns only
+        once every node knows the node at every live position: a node that still took a replacement's
+        position for dead would drop its deltas for the new table's rows there, which no rebuild reads."""
         self.cluster.refresh()
         self._catch_up()
         pending = self._positions()
+        deadline = clock.monotonic() + CREATE_DEADLINE
         while pending:
-            failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
+            replies, failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
             for q in failed:
                 self._lost(q)
             self._catch_up()
-            pending = [q for q in failed if self._state(q) != "dead"]
+            behind = [key[0] for key, (reply, _) in replies.items() if not self._knows_the_map(reply.get("peers"))]
+            pending = [q for q in failed if self._state(q) != "dead"] + behind
+            if behind:
+                if clock.monotonic() > deadline:
+                    raise Error(f"nodes {behind} did not learn the cluster map within {CREATE_DEADLINE} s")
+                clock.sleep(0.01)
+                self.cluster.refresh()
+                self._catch_up()
+
+    def _knows_the_map(self, peers) -> bool:
+        """Whether a node's view of its peers ({position: identity}; None: a reply that carries none) names the
+        node this client knows at every live position."""
+        if peers is None:
+            return True
+        return all(peers.get(str(p)) == self.cluster.source(p) for p in range(self.nodes)
+                   if self.cluster.source(p) is not None and str(p) in peers)
 
     @_open
     def tables(self) -> dict:
@@ -850,20 +868,21 @@ class Client:
                     raise
                 requests = {key: r for key, r in requests.items() if key[0] != down.position}
 
-    def _gather_live(self, requests: dict, timeout: float = DEADLINE) -> list:
-        """Send {(node,): (header, arrays)} to all at once and wait for every reply; the nodes that did not
-        answer (NodeDown), to be failed over. Any other error is raised once every reply is in."""
-        failed = []
+    def _gather_live(self, requests: dict, timeout: float = DEADLINE) -> tuple[dict, list]:
+        """Send {(node,): (header, arrays)} to all at once and wait for every reply: ({key: (reply, arrays)}
+        of those that answered, the nodes that did not (NodeDown), to be failed over). Any other error is
+        raised once every reply is in."""
+        failed, replies = [], {}
         while requests:
             try:
-                self._gather(requests, timeout)
+                replies = self._gather(requests, timeout)
                 break
             except NodeDown as down:
                 if down.position is None:
                     raise
                 failed.append(down.position)
                 requests = {key: r for key, r in requests.items() if key[0] != down.position}
-        return failed
+        return replies, failed
 
     def _touched_stripes(self, log, marks) -> dict:
         """{(holder, table): stripes ascending} of the stripes the writes of `log` touched, per parity holder

@@ -159,13 +159,16 @@ class Node:
 
     # -- ops -------------------------------------------------------------
     def op_create_table(self, msg, arrays):
+        """Create a table (a no-op if it exists as defined); answers with this node's view of its peers (the
+        identity it takes at each other position), which the client checks against its map."""
         spec = TableSpec.from_config(msg.spec)
         existing = self.shards.get(spec.name)
+        peers = {"peers": {str(t): s for t, s in self.sources.items() if t != self.position}}
         if existing is not None:
             if existing.spec != spec:
                 raise InvalidRequest(f"table {spec.name!r} exists with a different definition "
                                      f"(existing vs requested: {existing.spec.differences(spec)})")
-            return {}, []
+            return peers, []
         layout = self.config.layout(spec)
         need = (layout.data_capacity() + layout.parity_capacity()) * spec.width * 4
         free = available_memory()
@@ -179,7 +182,7 @@ class Node:
             raise InvalidRequest(f"table {spec.name!r}: not enough memory on node {self.position} for "
                                  f"{need / 2**30:.1f} GiB") from None
         self._settle()
-        return {}, []
+        return peers, []
 
     def op_drop_table(self, msg, arrays):
         """Free a table: its rows, parity rows, dirty window, and the deltas for it queued, skipped or kept
