@@ -79,7 +79,8 @@ class Checkpoints:
         number = (chain.numbers[-1] if chain.numbers else 0) + 1
         after = taken[-1].number if taken else None
         base = next((t.number for t in reversed(taken) if t.kind == "full"), None)
-        tables = client.tables()
+        client._refresh_tables()  # (not `tables()`, which would send a step due first)
+        tables = {name: spec.get_config() for name, (spec, _) in client._tables.items()}
         directory = chain.url_of(number)
         chain.fs.makedirs(chain.directory(number), exist_ok=True)
         request = dict(number=number, root=chain.id, directory=directory, after=after, base=base, bits=bits,

@@ -549,7 +549,7 @@ class Client:
         }
 
     # -- checkpoints -------------------------------------------------------
-    @_open
+    @_read  # a step not sent yet goes out after it: the nodes copy their rows first, then close their windows
     def checkpoint(self, path: str, policy="intermittent", bits: int | None = None, adaptive: bool = False,
                    extra: bytes | None = None, keep: int | None = None, state_bits: int | None = None) -> int:
         """Checkpoint every table into the chain of checkpoints at `path` (a directory or fsspec URL) at this

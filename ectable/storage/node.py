@@ -33,7 +33,7 @@ REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' r
 HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
-LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step"}  # a pending close may wait
+LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step", "snapshot"}  # a pending close may wait
 GONE_SECONDS = 3600.0  # how long a forgotten writer's writes and replays are refused
 GONE_MAX = 1 << 16  # forgotten writers remembered at most (the oldest go first)
 
