@@ -1,2 +1,3 @@
-"""The checkpoint tier (Check-N-Run): what a checkpoint stores of each row, and, as it is built,
-its snapshot, writing and restore."""
+"""The checkpoint tier's formats and decisions (Check-N-Run): how stored rows are quantized, a
+checkpoint's files, the policies, a chain of checkpoints. The nodes' snapshots are in
+`ectable.storage.snapshots`, taking and restoring in `ectable.client.checkpoints`."""

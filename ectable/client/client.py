@@ -164,7 +164,8 @@ class Client:
             for q in failed:
                 self._lost(q)
             self._catch_up()
-            behind = [key[0] for key, (reply, _) in replies.items() if not self._knows_the_map(reply.get("peers"))]
+            behind = [key[0] for key, (reply, _) in replies.items()
+                      if not self._knows_the_map(key[0], reply.get("peers"))]
             pending = [q for q in failed if self._state(q) != "dead"] + behind
             if behind:
                 if clock.monotonic() > deadline:
@@ -173,13 +174,13 @@ class Client:
                 self.cluster.refresh()
                 self._catch_up()
 
-    def _knows_the_map(self, peers) -> bool:
-        """Whether a node's view of its peers ({position: identity}; None: a reply that carries none) names the
-        node this client knows at every live position."""
+    def _knows_the_map(self, q: int, peers) -> bool:
+        """Whether node q's view of its peers ({position: identity}; None: a reply that carries none, a drop's)
+        names the node this client knows at every other live position."""
         if peers is None:
             return True
         return all(peers.get(str(p)) == self.cluster.source(p) for p in range(self.nodes)
-                   if self.cluster.source(p) is not None and str(p) in peers)
+                   if p != q and self.cluster.source(p) is not None)
 
     @_open
     def tables(self) -> dict:
