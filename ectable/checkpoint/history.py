@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from .pieces import BadCheckpoint, location, read_manifest
+from .pieces import MANIFEST, BadCheckpoint, location, read_manifest
 from .policy import Taken
 
 CHAIN = "chain.json"
@@ -44,12 +44,9 @@ class Chain:
         self.numbers = sorted(int(name) for name in self._entries() if name.isdigit())
         self.manifests = []
         for number in self.numbers:
-            try:
-                manifest = read_manifest(self.fs, self.directory(number))
-            except BadCheckpoint as exc:
-                if "no finished checkpoint" in str(exc):
-                    continue  # never finished
-                raise
+            if not self.fs.exists(f"{self.directory(number)}/{MANIFEST}"):
+                continue  # never finished
+            manifest = read_manifest(self.fs, self.directory(number))
             if manifest.get("chain") != self.id or manifest.get("number") != number:
                 raise BadCheckpoint(f"checkpoint {self.directory(number)} belongs to another chain or number")
             self.manifests.append(manifest)

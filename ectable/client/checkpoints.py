@@ -17,7 +17,6 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import clock
-from ..config import DEADLINE
 from ..checkpoint import pieces, policy as policies
 from ..checkpoint.history import Chain
 from ..checkpoint.quantize import BITS
@@ -123,28 +122,13 @@ class Checkpoints:
 
     def _ask_all(self, requests: dict) -> dict:
         """{position: reply} of snapshot requests sent to every position at once (to the node identity this
-        client knows there); None for a node that did not answer (its rows are read through the parity).
-        Any other error is raised once every reply is in."""
+        client knows there); None for a node that did not answer (its rows are read through the parity)."""
         client = self.client
-        client._finish_steps()
-        pending, out, failure = {}, {}, None
-        for p, request in requests.items():
-            try:
-                pending[p] = client.cluster.channel(p).start({**request.header(), "node": client._sources.get(p)}, [])
-            except NodeDown:
-                out[p] = None
-        for p, started in pending.items():
-            try:
-                out[p] = client._check_reply(p, *started.wait(DEADLINE))[0]
-            except NodeDown:
-                out[p] = None
-            except Error as exc:
-                failure = failure or exc
-        for p in [p for p, reply in out.items() if reply is None]:
+        replies, failed = client._gather_live(
+            {(p,): ({**request.header(), "node": client._sources.get(p)}, []) for p, request in requests.items()})
+        for p in failed:
             client._lost(p)
-        if failure is not None:
-            raise failure
-        return out
+        return {p: replies[(p,)][0] if (p,) in replies else None for p in requests}
 
     def _read_through_parity(self, positions: list, tables: dict) -> list:
         """[(table, dim, ids, records)] of every row of `positions`, read from wherever they can be."""

@@ -873,16 +873,22 @@ class Client:
         """Send {(node,): (header, arrays)} to all at once and wait for every reply: ({key: (reply, arrays)}
         of those that answered, the nodes that did not (NodeDown), to be failed over). Any other error is
         raised once every reply is in."""
-        failed, replies = [], {}
-        while requests:
+        self._finish_steps()
+        pending, replies, failed, failure = {}, {}, [], None
+        for key, (header, arrays) in requests.items():
             try:
-                replies = self._gather(requests, timeout)
-                break
-            except NodeDown as down:
-                if down.position is None:
-                    raise
-                failed.append(down.position)
-                requests = {key: r for key, r in requests.items() if key[0] != down.position}
+                pending[key] = self.cluster.channel(key[0]).start(header, arrays)
+            except NodeDown:
+                failed.append(key[0])
+        for key, request in pending.items():
+            try:
+                replies[key] = self._check_reply(key[0], *request.wait(timeout))
+            except NodeDown:
+                failed.append(key[0])
+            except Error as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return replies, failed
 
     def _touched_stripes(self, log, marks) -> dict:

@@ -18,10 +18,10 @@ import time
 import numpy as np
 
 from ..checkpoint import pieces
+from ..checkpoint.policy import KINDS
 from .shard import Shard
 
 PIECE_BYTES = 32 << 20  # float32 bytes of rows per piece, before quantization and compression
-KINDS = ("full", "incremental", "differential")
 
 
 def fits(shard: Shard, kind: str, root: str, after: int | None, base: int | None) -> bool:
