@@ -15,8 +15,8 @@ def formula(name, w, s, g, lr=np.float32(0.1), eps=np.float32(1e-8)):
     """SPEC section 3, written out per element."""
     if name == "sgd":
         return w - lr * g, s
-    if name == "adagrad":
-        s = s + g * g
+    if name == "adagrad":  # s + g*g rounded once, as torch's addcmul_ (an fma)
+        s = (s.astype(np.float64) + g.astype(np.float64) ** 2).astype(np.float32)
         return w - lr * g / (np.sqrt(s) + eps), s
     s = s + np.float32(np.mean(g * g, dtype=np.float32))
     return w - lr * g / (np.sqrt(s) + eps), s

@@ -55,7 +55,8 @@ class SGD(Optimizer):
 
 
 class Adagrad(Optimizer):
-    """s += g*g; w -= lr * g / (sqrt(s) + eps)"""
+    """s += g*g (fused: one rounding, as torch's `addcmul_`); w -= lr * g / (sqrt(s) + eps), the same
+    float32 operations as `torch.optim.Adagrad`."""
 
     name = "adagrad"
     divides = True
@@ -65,8 +66,15 @@ class Adagrad(Optimizer):
 
     def step(self, records, grads, dim):
         state = records[:, dim:]
-        state += grads * grads
+        state[:] = fused_square_add(state, grads)
         records[:, :dim] -= self.lr * grads / (np.sqrt(state) + self.eps)
+
+
+def fused_square_add(s: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """float32 s + g*g rounded once, like a fused multiply-add: g*g is exact in float64, and the float64
+    sum rounded to float32 differs from a true fma only when that sum lands on a float32 tie."""
+    g64 = g.astype(np.float64)
+    return (s.astype(np.float64) + g64 * g64).astype(np.float32)
 
 
 class RowwiseAdagrad(Optimizer):

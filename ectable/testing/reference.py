@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..storage.initializers import init_rows
+from ..storage.optimizers import fused_square_add
 from ..storage.table import TableSpec
 
 
@@ -43,7 +44,7 @@ class ReferenceTable:
             if name == "sgd":
                 w -= self.lr * g
             elif name == "adagrad":
-                s += g * g
+                s[:] = fused_square_add(s, g)
                 w -= self.lr * g / (np.sqrt(s) + self.eps)
             else:  # rowwise_adagrad: FBGEMM semantics, mean of squares per row
                 s += np.mean(g * g, dtype=np.float32)
