@@ -25,11 +25,11 @@ endif
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,torch]'
 	touch $(STAMP)
 
 $(VENV)/.bench-installed: $(STAMP) setup.cfg
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,torch,bench]'
 	touch $@
 
 test: $(STAMP)

@@ -13,8 +13,8 @@ g32 = st.floats(-3, 3, width=32)
 
 def formula(name, w, s, g, lr=np.float32(0.1), eps=np.float32(1e-8)):
     """SPEC section 3, written out per element."""
-    if name == "sgd":
-        return w - lr * g, s
+    if name == "sgd":  # rounded once, as torch's add_(g, alpha=-lr) (an fma)
+        return (w.astype(np.float64) - np.float64(lr) * g.astype(np.float64)).astype(np.float32), s
     if name == "adagrad":  # s + g*g rounded once, as torch's addcmul_ (an fma)
         s = (s.astype(np.float64) + g.astype(np.float64) ** 2).astype(np.float32)
         return w - lr * g / (np.sqrt(s) + eps), s

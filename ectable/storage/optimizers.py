@@ -43,7 +43,7 @@ class Optimizer(ABC):
 
 
 class SGD(Optimizer):
-    """w -= lr * g"""
+    """w -= lr * g, rounded once (as torch's `add_(g, alpha=-lr)`, a fused multiply-add)"""
 
     name = "sgd"
 
@@ -51,7 +51,7 @@ class SGD(Optimizer):
         return 0
 
     def step(self, records, grads, dim):
-        records[:, :dim] -= self.lr * grads
+        records[:, :dim] = fused_add(records[:, :dim], -self.lr, grads)
 
 
 class Adagrad(Optimizer):
@@ -66,15 +66,16 @@ class Adagrad(Optimizer):
 
     def step(self, records, grads, dim):
         state = records[:, dim:]
-        state[:] = fused_square_add(state, grads)
+        state[:] = fused_add(state, grads, grads)
         records[:, :dim] -= self.lr * grads / (np.sqrt(state) + self.eps)
 
 
-def fused_square_add(s: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """float32 s + g*g rounded once, like a fused multiply-add: g*g is exact in float64, and the float64
-    sum rounded to float32 differs from a true fma only when that sum lands on a float32 tie."""
-    g64 = g.astype(np.float64)
-    return (s.astype(np.float64) + g64 * g64).astype(np.float32)
+def fused_add(s: np.ndarray, a, b: np.ndarray) -> np.ndarray:
+    """float32 s + a*b rounded once, like a fused multiply-add (torch's CPU kernels use one): a float32
+    product is exact in float64, and the float64 sum rounded to float32 differs from a true fma only when
+    it lands on a float32 tie."""
+    return (s.astype(np.float64) + np.float64(a) * b.astype(np.float64) if np.isscalar(a) else
+            s.astype(np.float64) + a.astype(np.float64) * b.astype(np.float64)).astype(np.float32)
 
 
 class RowwiseAdagrad(Optimizer):

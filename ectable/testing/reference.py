@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..storage.initializers import init_rows
-from ..storage.optimizers import fused_square_add
+from ..storage.optimizers import fused_add
 from ..storage.table import TableSpec
 
 
@@ -42,9 +42,9 @@ class ReferenceTable:
             rec = self.record(i)
             w, s = rec[:dim], rec[dim:]
             if name == "sgd":
-                w -= self.lr * g
+                w[:] = fused_add(w, -self.lr, g)
             elif name == "adagrad":
-                s[:] = fused_square_add(s, g)
+                s[:] = fused_add(s, g, g)
                 w -= self.lr * g / (np.sqrt(s) + self.eps)
             else:  # rowwise_adagrad: FBGEMM semantics, mean of squares per row
                 s += np.mean(g * g, dtype=np.float32)
