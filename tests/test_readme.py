@@ -21,3 +21,9 @@ def test_readme_checkpoint_example_runs(tmp_path, monkeypatch):
         exec(compile(BLOCKS[1], "README.md", "exec"), {"client": client, "other_cluster": other_cluster,
                                                         "ectable": ectable})
         assert other_cluster.connect().get("items", [3]).tolist() == [[1.0] * 8]
+
+
+def test_readme_torch_example_runs():
+    import pytest
+    pytest.importorskip("torch")
+    exec(compile(BLOCKS[2], "README.md", "exec"), {})

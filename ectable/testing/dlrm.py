@@ -11,13 +11,19 @@ from ..torch import DLRM, EmbeddingBagCollection, Jagged, SparseOptimizer
 
 def batches(seed: int, steps: int, batch: int, rows: dict, dense_in: int = 8, hot: float = 1.2):
     """`steps` batches of (dense [batch, dense_in], Jagged over the features of `rows` {feature:
-    num_rows}, labels [batch] in {0, 1}): Zipf-skewed ids, 0-3 ids per bag, dyadic dense values."""
+    num_rows}, labels [batch] in {0, 1}): Zipf-skewed ids, 0-3 ids per bag, dyadic dense values, and
+    labels that a hidden score of each id and of the dense values decides, with 10% of them flipped."""
     rng = np.random.default_rng(seed)
+    weights = rng.standard_normal(dense_in)
     for _ in range(steps):
         lengths = rng.integers(0, 4, size=(len(rows), batch))
         values = [np.minimum(rng.zipf(hot, size=int(n)) - 1, r - 1) for n, r in zip(lengths.sum(1), rows.values())]
         dense = rng.integers(-8, 8, size=(batch, dense_in)) / 8.0
-        labels = rng.integers(0, 2, size=batch)
+        score = dense @ weights
+        for f, ids in enumerate(values):  # each id's hidden score, in [-1, 1), summed per bag
+            bag = np.repeat(np.arange(batch), lengths[f])
+            np.add.at(score, bag, ((ids * 2654435761 + 977 * f) % 2048) / 1024.0 - 1.0)
+        labels = (score > 0) ^ (rng.random(batch) < 0.1)
         yield (torch.tensor(dense, dtype=torch.float32),
                Jagged(list(rows), torch.from_numpy(np.concatenate(values)).to(torch.int64),
                       lengths=torch.from_numpy(lengths.reshape(-1)).to(torch.int64)),
