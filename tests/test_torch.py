@@ -296,3 +296,24 @@ def test_bad_input_is_refused_and_changes_nothing(cluster):
     with pytest.raises(InvalidRequest, match="non-finite"):
         opt.step()
     np.testing.assert_array_equal(cluster.get("t", np.arange(100)), weight.numpy())
+
+
+def test_retained_graph_passes_accumulate_once_each(cluster):
+    weight = _table(cluster)
+    mine, ref = EmbeddingBag(cluster, "t", mode="sum"), _reference_bag(weight, mode="sum")
+    opt, ref_opt = SparseOptimizer(mine), torch.optim.SGD(ref.parameters(), lr=0.5)
+    inp, offsets = torch.tensor([1, 2, 3, 1]), torch.tensor([0, 2])
+    for module in (mine, ref):
+        loss = (module(inp, offsets) ** 2).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    opt.step()
+    ref_opt.step()
+    np.testing.assert_array_equal(cluster.get("t", np.arange(100)), ref.weight.detach().numpy())
+
+
+def test_an_empty_batch_reads_nothing(cluster):
+    _table(cluster)
+    ebc = EmbeddingBagCollection(cluster, ["t"])
+    out = ebc(Jagged(["t"], torch.tensor([], dtype=torch.int64), lengths=torch.tensor([], dtype=torch.int64)))
+    assert out["t"].shape == (0, DIM)

@@ -68,7 +68,8 @@ class Sink:
             grads = grad.detach().to("cpu", torch.float32)
             if self.grad_scale != 1.0:
                 grads = grads * self.grad_scale
-            entry = Grad(client, table, ids, np.ascontiguousarray(grads.numpy()))
+            # a copy: autograd may keep `grad` as the leaf's .grad and add later passes into it in place
+            entry = Grad(client, table, ids, np.array(grads.numpy(), dtype=np.float32, order="C", copy=True))
             if self.apply_in_backward:
                 _InBackward.add(entry)
             else:

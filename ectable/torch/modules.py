@@ -202,6 +202,8 @@ class EmbeddingBagCollection(RemoteModule):
         if weights is not None and self.mode != "sum":
             raise InvalidRequest(f"per-value weights need mode='sum', not {self.mode!r}")
         batch = (offsets.numel() - 1) // len(keys)
+        if batch == 0:
+            return {key: torch.empty((0, self.dims[key]), device=self.device) for key in keys}
         starts = offsets[::batch].tolist()  # where each feature's values begin, and the end
         ids: dict[str, list] = {}
         for f, key in enumerate(keys):
