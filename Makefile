@@ -13,6 +13,7 @@ RECOVERY_ARGS := --scale 1.0 --iters 800 --shares 0.5 0.2
 WINDOW_ARGS := --rows 1000000 --scale 0.1
 CREATE_ROWS := 5000000
 CKPT_ARGS := --scale 1.0 --iters 300 --every 100
+TORCH_ARGS := --iters 200 --repeat 3
 else
 SCALE := 0.1
 TRAIN_ARGS := --scale 0.1
@@ -20,6 +21,7 @@ RECOVERY_ARGS := --sizes 250000 500000 1000000 --scale 0.1 --iters 300 --shares 
 WINDOW_ARGS := --rows 200000 --scale 0.01
 CREATE_ROWS := 1000000
 CKPT_ARGS := --scale 0.1 --iters 200 --every 100
+TORCH_ARGS := --iters 100 --repeat 3
 endif
 
 $(STAMP): setup.cfg pyproject.toml
@@ -56,6 +58,9 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.quantize
 	$(PY) -m bench.checkpoint $(CKPT_ARGS)
 	$(PY) -m bench.checkpoint_accuracy
+	$(PY) -m bench.torch_adapter $(TORCH_ARGS)
+	$(PY) -m bench.torch_adapter $(TORCH_ARGS) --compute-ms 20
+	$(PY) examples/dlrm.py --steps 300 --kill-at 100 --plot docs/img/dlrm_loss.png --json bench/results/dlrm_example.json
 	$(PY) -m bench.garbage_stream
 	$(PY) -m bench.create_table --rows $(CREATE_ROWS)
 	$(PY) -m bench.recovery $(RECOVERY_ARGS)
