@@ -44,7 +44,6 @@ class RemoteModule(torch.nn.Module):
         self.table_dims[table] = spec.dim
         return spec
 
-    @torch.compiler.disable
     def _rows(self, ids: dict) -> dict:
         return fetch(self.client, ids, self.device, self.sink)
 
@@ -77,6 +76,7 @@ class Embedding(RemoteModule):
         self.table, self.num_embeddings, self.embedding_dim = table, spec.num_rows, spec.dim
         self.padding_idx = _padding(padding_idx, spec.num_rows)
 
+    @torch.compiler.disable  # eager, inside a compiled model too: it reads from the cluster
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         uniq, inverse, rows = self._rows({self.table: input})[self.table]
         return F.embedding(inverse.reshape(input.shape), rows, padding_idx=_local_padding(self.padding_idx, uniq))
@@ -99,6 +99,7 @@ class EmbeddingBag(RemoteModule):
         self.mode, self.include_last_offset = mode, bool(include_last_offset)
         self.padding_idx = _padding(padding_idx, spec.num_rows)
 
+    @torch.compiler.disable  # eager, inside a compiled model too: it reads from the cluster
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         _check_bags(input, offsets, per_sample_weights, self.mode)
@@ -194,6 +195,7 @@ class EmbeddingBagCollection(RemoteModule):
             raise InvalidRequest("an EmbeddingBagCollection needs at least one table")
         self.dims = {feature: self._spec(table).dim for feature, table in self.tables.items()}
 
+    @torch.compiler.disable  # eager, inside a compiled model too: it reads from the cluster
     def forward(self, features) -> dict:
         keys, values, offsets, weights = _bags(features)
         unknown = [k for k in keys if k not in self.tables]
