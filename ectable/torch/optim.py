@@ -50,34 +50,40 @@ class SparseOptimizer:
 
 def _gathered(modules: list, grads: list[Grad], group) -> list[Grad]:
     """Every trainer's gradients, table by table (sorted by name) and trainer by trainer, each scaled by
-    1 / trainers. Every trainer holds the same modules; tensors go over the group, never pickles."""
+    1 / trainers: three all_gathers (counts, ids, gradients) for all tables. Every trainer holds the
+    same modules; tensors go over the group, never pickles."""
     import torch.distributed as dist
     world = dist.get_world_size(group)
     tables = {t: (m.client, dim) for m in modules for t, dim in m.table_dims.items()}
-    out = []
-    for table in sorted(tables):
-        client, dim = tables[table]
-        gs = [g for g in grads if g.table == table]
-        ids = np.concatenate([g.ids for g in gs]) if gs else np.empty(0, np.int64)
-        size = torch.tensor([ids.size], dtype=torch.int64)
-        sizes = [torch.empty_like(size) for _ in range(world)]
-        dist.all_gather(sizes, size, group=group)
-        n_max = max(int(s) for s in sizes)
-        if not n_max:
-            continue
-        ids_pad = torch.zeros(n_max, dtype=torch.int64)
-        grads_pad = torch.zeros((n_max, dim), dtype=torch.float32)
-        if gs:
-            ids_pad[: ids.size] = torch.from_numpy(ids)
-            grads_pad[: ids.size] = torch.from_numpy(np.concatenate([g.grads for g in gs]))
-        all_ids = [torch.empty_like(ids_pad) for _ in range(world)]
-        all_grads = [torch.empty_like(grads_pad) for _ in range(world)]
-        dist.all_gather(all_ids, ids_pad, group=group)
-        dist.all_gather(all_grads, grads_pad, group=group)
-        for n, i, g in zip(sizes, all_ids, all_grads):
-            if int(n):
-                out.append(Grad(client, table, i[: int(n)].numpy(), (g[: int(n)] * (1.0 / world)).numpy()))
-    return out
+    names = sorted(tables)
+    ids = [np.concatenate([g.ids for g in grads if g.table == t] or [np.empty(0, np.int64)]) for t in names]
+    rows = [np.concatenate([g.grads for g in grads if g.table == t] or [np.empty((0, tables[t][1]), np.float32)])
+            for t in names]
+    counts = torch.tensor([i.size for i in ids], dtype=torch.int64)
+    every = [torch.empty_like(counts) for _ in range(world)]
+    dist.all_gather(every, counts, group=group)
+    dims = torch.tensor([tables[t][1] for t in names], dtype=torch.int64)
+    id_max = max(int(c.sum()) for c in every)
+    if not id_max:
+        return []
+    float_max = max(int((c * dims).sum()) for c in every)
+    mine_ids, mine_rows = torch.zeros(id_max, dtype=torch.int64), torch.zeros(float_max, dtype=torch.float32)
+    mine_ids[: int(counts.sum())] = torch.from_numpy(np.concatenate(ids))
+    mine_rows[: int((counts * dims).sum())] = torch.from_numpy(np.concatenate([r.reshape(-1) for r in rows]))
+    all_ids = [torch.empty_like(mine_ids) for _ in range(world)]
+    all_rows = [torch.empty_like(mine_rows) for _ in range(world)]
+    dist.all_gather(all_ids, mine_ids, group=group)
+    dist.all_gather(all_rows, mine_rows, group=group)
+    parts = [[] for _ in names]  # per table, trainer by trainer
+    for c, i, r in zip(every, all_ids, all_rows):
+        id_at = float_at = 0
+        for n, (table, count) in enumerate(zip(names, c.tolist())):
+            dim = tables[table][1]
+            if count:
+                grads = r[float_at: float_at + count * dim].reshape(count, dim) * (1.0 / world)
+                parts[n].append(Grad(tables[table][0], table, i[id_at: id_at + count].numpy(), grads.numpy()))
+            id_at, float_at = id_at + count, float_at + count * dim
+    return [g for part in parts for g in part]
 
 
 def _owned(grads: list[Grad], group) -> list[Grad]:
