@@ -30,8 +30,7 @@ from ectable.torch import EmbeddingBagCollection, SparseOptimizer
 
 from .common import report
 
-ROWS = {"user": 50_000, "item": 20_000, "category": 500, "city": 3_000, "device": 50, "hour": 24, "ad": 30_000,
-        "site": 5_000}
+ROWS = D.TABLES
 DIM, LR = 16, 0.05
 SETTINGS = [("torch", None, {}), ("ectable none", ("none", 4, 0), {}), ("ectable xor(4,1)", ("xor", 4, 1), {}),
             ("ectable xor(4,1), apply_in_backward", ("xor", 4, 1), {"apply_in_backward": True})]

@@ -21,8 +21,7 @@ import ectable
 from ectable.testing import dlrm as D
 from ectable.torch import EmbeddingBagCollection, SparseOptimizer
 
-ROWS = {"user": 50_000, "item": 20_000, "category": 500, "city": 3_000, "device": 50, "hour": 24, "ad": 30_000,
-        "site": 5_000}
+ROWS = D.TABLES
 DIM = 16
 
 
@@ -48,11 +47,8 @@ def main(argv=None) -> int:
         ebc = EmbeddingBagCollection(client, list(ROWS), apply_in_backward=args.apply_in_backward)
         net = D.model(ebc, list(ROWS), DIM)
         ref = D.model(D.LocalBags(weights), list(ROWS), DIM)
-        make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=args.lr),
-                "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=args.lr, eps=1e-8),
-                "rowwise_adagrad": lambda ps: D.RowwiseAdagrad(ps, lr=args.lr, eps=1e-8)}[args.optimizer]
         runs = {"ectable": (net, None if args.apply_in_backward else SparseOptimizer(net)),
-                "torch": (ref, make(list(ref.embeddings.parameters())))}
+                "torch": (ref, D.torch_optimizer(args.optimizer, list(ref.embeddings.parameters()), args.lr))}
         dense = {k: torch.optim.SGD([p for n, p in m.named_parameters() if not n.startswith("embeddings")], lr=args.lr)
                  for k, (m, _) in runs.items()}
         losses = {k: [] for k in runs}

@@ -88,8 +88,7 @@ def main(argv=None) -> int:
             client.create_table(name, rows, DIM, optimizer=args.optimizer, lr=args.lr)
         cluster_file, result_file = os.path.join(tmp, "cluster.toml"), os.path.join(tmp, "result.json")
         with open(cluster_file, "w") as f:
-            f.write("[membership]\nendpoints = [%s]\nprefix = %s\n" % (
-                ", ".join(json.dumps(e) for e in cluster.membership["endpoints"]), json.dumps(cluster.membership["prefix"])))
+            f.write(ectable.config.dumps(cluster.describe()))
         port = _free_port()
         if args.trainers == 1:
             trainer(0, args, cluster_file, port, result_file)

@@ -74,8 +74,7 @@ def fused_add(s: np.ndarray, a, b: np.ndarray) -> np.ndarray:
     """float32 s + a*b rounded once, like a fused multiply-add (torch's CPU kernels use one): a float32
     product is exact in float64, and the float64 sum rounded to float32 differs from a true fma only when
     it lands on a float32 tie."""
-    return (s.astype(np.float64) + np.float64(a) * b.astype(np.float64) if np.isscalar(a) else
-            s.astype(np.float64) + a.astype(np.float64) * b.astype(np.float64)).astype(np.float32)
+    return (s.astype(np.float64) + np.multiply(a, b, dtype=np.float64)).astype(np.float32)
 
 
 class RowwiseAdagrad(Optimizer):

@@ -6,7 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..torch import DLRM, EmbeddingBagCollection, Jagged, SparseOptimizer
+from ..torch import DLRM, Jagged
+
+TABLES = {"user": 50_000, "item": 20_000, "category": 500, "city": 3_000, "device": 50, "hour": 24, "ad": 30_000,
+          "site": 5_000}  # the examples' and the benchmark's tables: name -> rows
 
 
 def batches(seed: int, steps: int, batch: int, rows: dict, dense_in: int = 8, hot: float = 1.2):
@@ -85,6 +88,12 @@ class RowwiseAdagrad(torch.optim.Optimizer):
                 w[rows] -= group["lr"] * g / (state[rows].sqrt() + group["eps"])
 
 
+def torch_optimizer(name: str, params, lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:
+    """torch's counterpart of an ectable table optimizer, over dense embedding weights."""
+    return {"sgd": lambda: torch.optim.SGD(params, lr=lr), "adagrad": lambda: torch.optim.Adagrad(params, lr=lr, eps=eps),
+            "rowwise_adagrad": lambda: RowwiseAdagrad(params, lr=lr, eps=eps)}[name]()
+
+
 def model(embeddings, features: list[str], dim: int, seed: int = 0, dense_in: int = 8) -> DLRM:
     """A small DLRM whose dense layers start from `seed`."""
     torch.manual_seed(seed)
@@ -111,5 +120,4 @@ def train_step(net: DLRM, dense_opt, sparse_opt, dense, features, labels, micro:
     return total
 
 
-__all__ = ["batches", "split", "LocalBags", "RowwiseAdagrad", "model", "train_step", "EmbeddingBagCollection",
-           "SparseOptimizer"]
+__all__ = ["TABLES", "batches", "split", "LocalBags", "RowwiseAdagrad", "torch_optimizer", "model", "train_step"]

@@ -30,26 +30,26 @@ def unique(table: str, ids) -> tuple[torch.Tensor, torch.Tensor]:
     """(unique ids ascending, inverse of `ids`' shape) of an integer tensor, on the CPU."""
     if not isinstance(ids, torch.Tensor):
         raise InvalidRequest(f"table {table!r}: ids must be a torch tensor, got {type(ids).__name__}")
-    if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        raise InvalidRequest(f"table {table!r}: ids must be an integer tensor (int64 or int32), got {ids.dtype}")
+    if ids.dtype not in (torch.int64, torch.int32):  # as torch's embedding takes them
+        raise InvalidRequest(f"table {table!r}: ids must be an int64 or int32 tensor, got {ids.dtype}")
     uniq, inverse = torch.unique(ids.detach().cpu().to(torch.int64), sorted=True, return_inverse=True)
     return uniq, inverse
 
 
-def fetch(client, ids: dict, device: torch.device, sink: "Sink") -> dict:
-    """{table: ids tensor} -> {table: (unique ids as numpy, inverse on `device`, rows [unique, dim] on
-    `device`)}, all tables in one read; the rows are leaves whose gradients reach `sink` when autograd
-    records (never under `torch.no_grad()` or `inference_mode`)."""
+def fetch(client, ids: dict, device: torch.device, sink: "Sink | None") -> dict:
+    """{table: ids tensor} -> {table: (unique ids as numpy, inverse of the ids' shape on `device`, rows
+    [unique, dim] on `device`)}, all tables in one read; the rows are leaves whose gradients reach `sink`
+    when autograd records (never under `torch.no_grad()` or `inference_mode`, nor without a sink)."""
     plan = {table: unique(table, value) for table, value in ids.items()}
     rows = client.get_many({table: uniq.numpy() for table, (uniq, _) in plan.items()})
-    record = torch.is_grad_enabled()
+    record = sink is not None and torch.is_grad_enabled()
     out = {}
     for table, (uniq, inverse) in plan.items():
         leaf = torch.from_numpy(rows[table]).to(device, non_blocking=True)
         ids_np = uniq.numpy()
         if record:
             leaf.requires_grad_(True)
-            leaf.register_hook(sink.hook(client, table, ids_np))
+            leaf.register_post_accumulate_grad_hook(sink.hook(client, table, ids_np))
         out[table] = (ids_np, inverse.to(device, non_blocking=True), leaf)
     return out
 
@@ -58,18 +58,14 @@ class Sink:
     """Where a module's lookups' gradients go: kept for an optimizer (`take`), or, with
     `apply_in_backward`, sent when the backward pass that produced them ends."""
 
-    def __init__(self, apply_in_backward: bool = False, grad_scale: float = 1.0):
+    def __init__(self, apply_in_backward: bool = False):
         self.apply_in_backward = apply_in_backward
-        self.grad_scale = float(grad_scale)
         self.pending: list[Grad] = []
 
     def hook(self, client, table: str, ids: np.ndarray):
-        def on_grad(grad: torch.Tensor) -> None:
-            grads = grad.detach().to("cpu", torch.float32)
-            if self.grad_scale != 1.0:
-                grads = grads * self.grad_scale
-            # a copy: autograd may keep `grad` as the leaf's .grad and add later passes into it in place
-            entry = Grad(client, table, ids, np.array(grads.numpy(), dtype=np.float32, order="C", copy=True))
+        def on_grad(leaf: torch.Tensor) -> None:
+            grads, leaf.grad = leaf.grad.detach().cpu(), None  # taken: a later pass starts a new .grad
+            entry = Grad(client, table, ids, grads.numpy())
             if self.apply_in_backward:
                 _InBackward.add(entry)
             else:
@@ -105,19 +101,18 @@ def _joined(grads: list[Grad]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _InBackward:
-    """Gradients of `apply_in_backward` lookups, sent once the backward pass that produced them ends."""
+    """Gradients of `apply_in_backward` lookups by backward pass (the engine's graph task), each pass's sent
+    as it ends. A pass that raises never ends: its gradients are dropped once STALE passes came after."""
 
-    pending: list[Grad] = []
-    queued = False
+    STALE = 8
+    pending: dict[int, list[Grad]] = {}
 
     @classmethod
     def add(cls, entry: Grad) -> None:
-        cls.pending.append(entry)
-        if not cls.queued:
-            cls.queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(cls.flush)
-
-    @classmethod
-    def flush(cls) -> None:
-        grads, cls.pending, cls.queued = cls.pending, [], False
-        apply(grads)
+        task = torch._C._current_graph_task_id()
+        if task not in cls.pending:
+            for old in list(cls.pending)[: max(0, len(cls.pending) - cls.STALE)]:
+                del cls.pending[old]
+            cls.pending[task] = []
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: apply(cls.pending.pop(task, [])))
+        cls.pending[task].append(entry)

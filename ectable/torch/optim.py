@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import InvalidRequest
+from ..errors import Error, InvalidRequest
 from .lookup import Grad, apply
 from .modules import RemoteModule
 
@@ -23,6 +23,9 @@ class SparseOptimizer:
     def __init__(self, modules, process_group=None):
         if isinstance(modules, torch.nn.Module):
             modules = [modules]
+        modules = list(modules)
+        if not all(isinstance(mod, torch.nn.Module) for mod in modules):
+            raise InvalidRequest("SparseOptimizer takes torch modules (ectable modules or models holding them)")
         found = {id(m): m for mod in modules for m in mod.modules() if isinstance(m, RemoteModule)}
         if not found:
             raise InvalidRequest("SparseOptimizer found no ectable module among the modules given")
@@ -30,6 +33,9 @@ class SparseOptimizer:
         if in_backward:
             raise InvalidRequest(f"modules with apply_in_backward=True apply their own gradients: {in_backward}")
         self.modules = list(found.values())
+        self.clients = list({id(m.client): m.client for m in self.modules}.values())
+        if process_group is not None and len(self.clients) > 1:
+            raise InvalidRequest("across trainers, a SparseOptimizer's modules must share one client")
         self.group = process_group
 
     def zero_grad(self) -> None:
@@ -38,23 +44,37 @@ class SparseOptimizer:
             m.sink.clear()
 
     def step(self) -> None:
+        """Apply the gradients (taken, even if the store refuses them: see `Client.apply_gradient_many`)."""
         grads = [g for m in self.modules for g in m.sink.take()]
-        clients = {id(m.client): m.client for m in self.modules}.values()
         if self.group is None:
-            apply(grads, clients)
+            apply(grads, self.clients)
             return
         import torch.distributed as dist
-        apply(_owned(_gathered(self.modules, grads, self.group), self.group), clients)
-        dist.barrier(group=self.group)  # nobody reads the next batch before every trainer has written
+        every = _gathered(self.modules, grads, self.group)
+        bad = [g.table for g in every if not np.isfinite(g.grads).all()]  # the same answer on every trainer
+        if bad:
+            raise InvalidRequest(f"tables {sorted(set(bad))}: a trainer's gradients are not finite; nothing applied")
+        failed = None
+        try:
+            apply(_owned(every, self.group), self.clients)
+        except Exception as exc:  # every trainer must learn of it, or the others would wait for it
+            failed = exc
+        flag = torch.tensor([failed is not None], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)  # also keeps any trainer from reading early
+        if failed is not None:
+            raise failed
+        if flag.item():
+            raise Error("another trainer's part of this step was refused (its rows are not applied; the other "
+                        "trainers' rows are)")
 
 
 def _gathered(modules: list, grads: list[Grad], group) -> list[Grad]:
     """Every trainer's gradients, table by table (sorted by name) and trainer by trainer, each scaled by
-    1 / trainers: three all_gathers (counts, ids, gradients) for all tables. Every trainer holds the
+    trainers: three all_gathers (counts, ids, gradients) for all tables. Every trainer holds the
     same modules; tensors go over the group, never pickles."""
     import torch.distributed as dist
     world = dist.get_world_size(group)
-    tables = {t: (m.client, dim) for m in modules for t, dim in m.table_dims.items()}
+    tables = {t: (m.client, dim) for m in modules for t, dim in m.table_dims.items()}  # one client
     names = sorted(tables)
     ids = [np.concatenate([g.ids for g in grads if g.table == t] or [np.empty(0, np.int64)]) for t in names]
     rows = [np.concatenate([g.grads for g in grads if g.table == t] or [np.empty((0, tables[t][1]), np.float32)])
@@ -80,7 +100,7 @@ def _gathered(modules: list, grads: list[Grad], group) -> list[Grad]:
         for n, (table, count) in enumerate(zip(names, c.tolist())):
             dim = tables[table][1]
             if count:
-                grads = r[float_at: float_at + count * dim].reshape(count, dim) * (1.0 / world)
+                grads = r[float_at: float_at + count * dim].reshape(count, dim) / world  # as DDP averages
                 parts[n].append(Grad(tables[table][0], table, i[id_at: id_at + count].numpy(), grads.numpy()))
             id_at, float_at = id_at + count, float_at + count * dim
     return [g for part in parts for g in part]
