@@ -149,7 +149,7 @@ def _weights(weights, shape, mode: str) -> torch.Tensor | None:
     if not isinstance(weights, torch.Tensor) or not weights.is_floating_point() or weights.shape != shape:
         raise InvalidRequest(f"per-value weights must be a float tensor of shape {tuple(shape)}, got "
                              f"{getattr(weights, 'shape', weights)!r}")
-    return weights
+    return weights.to(torch.float32)
 
 
 def _to(tensor, like: torch.Tensor):
