@@ -31,6 +31,7 @@ class NodeHost:
         self.keys: dict | None = None  # the [security] section, with CURVE keys: who may send what
         self.peer_keys: dict[str, str] = {}  # identity -> key of the nodes the current map gives a live position
         self.lazy_close = False  # nodes of processes close windows when idle
+        self.late_writers = False  # node processes begin writing a checkpoint once its snapshot is answered
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
 
     def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:
@@ -46,7 +47,10 @@ class NodeHost:
             return self.control(msg)
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
-        return self.node.dispatch(msg, arrays)
+        reply = self.node.dispatch(msg, arrays)
+        if msg.op == "snapshot" and not self.late_writers:
+            self.node.start_writer()
+        return reply
 
     # -- control ---------------------------------------------------------
     def control(self, msg: messages.Request) -> tuple[dict, list]:

@@ -48,6 +48,7 @@ class NodeServer(NodeHost):
         super().__init__(bind_to(self.router, bind), token)
         self.keys = curve  # its own key pair (peers, rebuilder) and who may send what (`NodeHost.handle`)
         self.lazy_close = True
+        self.late_writers = True  # the trainer waits for the snapshot's answer, not for the writing
         self.membership = membership  # the [membership] section: where the cluster's store is
         self.presence: _Presence | None = None  # this node's presence in the store, once serving
         self.writers_taken = 0  # the presence's read of the live writers the node last expired writers by
@@ -181,6 +182,8 @@ class NodeServer(NodeHost):
             self._reply(identity, {**out_header, "id": rid, "epoch": self.epoch}, out_arrays)
         except (TypeError, ValueError):
             self._reply(identity, messages.error(ErrorCode.INTERNAL, "reply not encodable"), [])
+        if header.get("op") == "snapshot" and self.node is not None:
+            self.node.start_writer()
 
     def _reply(self, identity, header, arrays) -> None:
         try:

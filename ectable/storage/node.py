@@ -596,9 +596,14 @@ class Node:
         if self.writer is not None:
             self.writer.cancel()  # still writing a checkpoint its client gave up (every client waits for its last)
         self.writer = snapshots.Writer(msg.number, msg.directory, f"n{self.position}", work, msg.bits, msg.adaptive,
-                                       msg.state_bits)
+                                       msg.state_bits, start=False)  # started by the host (`start_writer`)
         touched = sum(shard.window.written() for shard in self.shards.values())  # what a full one would write
         return {"fits": True, "rows": self.writer.rows, "touched": touched}, []
+
+    def start_writer(self) -> None:
+        """Begin writing the pieces of the last snapshot (if not begun)."""
+        if self.writer is not None:
+            self.writer.start()
 
     def op_snapshot_progress(self, msg, arrays):
         if self.writer is None or self.writer.number != msg.number:

@@ -37,13 +37,16 @@ def take(shard: Shard, kind: str, root: str, number: int) -> tuple[np.ndarray, n
     """(row ids, records copied) that checkpoint `number` of chain `root` writes of `shard`, with its
     flags cleared for it."""
     local = shard.window.modified({"full": "ever", "incremental": "checkpoint", "differential": "full"}[kind])
-    local = local[shard.layout.data_ids(shard.node, local) < shard.spec.num_rows]  # the last stripe's padding
+    ids = shard.layout.data_ids(shard.node, local)
+    real = ids < shard.spec.num_rows  # not the last stripe's padding
+    if not real.all():
+        local, ids = local[real], ids[real]
     records = shard.records[local]  # a copy: writes after the cut do not reach it
     shard.window.checkpointed(full=kind == "full")
     shard.marks["checkpoint"] = [root, number]
     if kind == "full":
         shard.marks["full"] = [root, number]
-    return shard.layout.data_ids(shard.node, local), records
+    return ids, records
 
 
 class Writer:
@@ -51,8 +54,9 @@ class Writer:
     without waiting."""
 
     def __init__(self, number: int, directory: str, prefix: str, work: list, bits: int | None, adaptive: bool,
-                 state_bits: int | None = None):
-        """`work`: [(table, dim, ids, records)]; pieces are named `prefix`-... in `directory` (a URL)."""
+                 state_bits: int | None = None, start: bool = True):
+        """`work`: [(table, dim, ids, records)]; pieces are named `prefix`-... in `directory` (a URL); the
+        writing begins now, or at `start()`."""
         self.number, self.directory, self.prefix = number, directory, prefix
         self.work, self.bits, self.adaptive, self.state_bits = work, bits, adaptive, state_bits
         self.rows = sum(ids.size for _, _, ids, _ in work)
@@ -65,7 +69,13 @@ class Writer:
         self.seconds: float | None = None  # from the copy to the last piece written
         self._began = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"checkpoint-{number}", daemon=True)
-        self._thread.start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Begin writing (once)."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def _run(self) -> None:
         try:
