@@ -387,3 +387,13 @@ def test_apply_in_backward_goes_on_after_a_backward_pass_that_raised(cluster):
     np.testing.assert_array_equal(cluster.get("t", [1]), weight[[1]].numpy())  # the failed pass sent nothing
     bag(torch.tensor([2]), torch.tensor([0])).sum().backward()
     np.testing.assert_array_equal(cluster.get("t", [2]), (weight[2] - 0.5).numpy()[None])
+
+
+def test_empty_inputs_give_empty_or_zero_results(cluster):
+    _table(cluster)
+    emb, bag = Embedding(cluster, "t"), EmbeddingBag(cluster, "t", mode="sum")
+    assert emb(torch.zeros((2, 0), dtype=torch.int64)).shape == (2, 0, DIM)
+    out = bag(torch.tensor([], dtype=torch.int64), torch.tensor([0, 0]))
+    assert out.shape == (2, DIM) and not out.any()
+    out.sum().backward()
+    SparseOptimizer(bag).step()  # an empty gradient: nothing to apply
