@@ -55,8 +55,8 @@ class SGD(Optimizer):
 
 
 class Adagrad(Optimizer):
-    """s += g*g (fused: one rounding, as torch's `addcmul_`); w -= lr * g / (sqrt(s) + eps), the same
-    float32 operations as `torch.optim.Adagrad`."""
+    """s += g*g (fused: one rounding, as torch's `addcmul_`); w -= lr * g / (sqrt(s) + eps): the float32
+    operations of `torch.optim.Adagrad(fused=True)` (its default kernel rounds the division otherwise)."""
 
     name = "adagrad"
     divides = True
