@@ -152,8 +152,9 @@ class Get(Request):
 
 @request("get_many")
 class GetMany(Request):
-    """Rows of several tables (arrays: one ids array per table)."""
+    """Rows of several tables (arrays: one ids array per table); "committed" and "records" as for `Get`."""
     tables: list
+    committed: bool = False
     records: bool = False
     node: str | None = None
 
@@ -274,7 +275,9 @@ class Holds(Request):
 
 @request("get_parity")
 class GetParity(Request):
-    table: str
+    """Parity rows of several tables (arrays: one stripes array per table), each with how many degraded writes
+    it holds, and the deltas this node applied."""
+    tables: list
     node: str | None = None
 
 
