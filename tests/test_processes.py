@@ -492,3 +492,45 @@ def test_many_failovers_do_not_exhaust_sockets():
             thread.join(10)
             decider.control.close()
             context.term()
+
+
+def test_background_reads_wait_for_training_requests(monkeypatch):
+    """A rebuilder's reads (background) are answered after every request waiting beside them, or once they
+    waited BACKGROUND_WAIT; more than BACKGROUND_HELD are answered in turn."""
+    from ectable.process import node_server
+    server = node_server.NodeServer("tcp://127.0.0.1:0")
+    answered = []
+    monkeypatch.setattr(server, "_reply", lambda identity, header, arrays: answered.append(identity))
+    sender = server.context.socket(zmq.DEALER)
+    try:
+        def receive(name, background):
+            header = {"op": "get_many", "tables": [], "id": 1, **({"background": True} if background else {})}
+            server.receive([name, *codec.encode(header, [])])
+
+        receive(b"rebuild-a", True)
+        receive(b"rebuild-b", True)
+        receive(b"train", False)
+        assert answered == [b"train"]
+        server.answer_background()
+        server.answer_background()
+        assert answered == [b"train", b"rebuild-a", b"rebuild-b"]
+
+        receive(b"rebuild-c", True)
+        sender.connect(server.endpoint)
+        sender.send(b"waiting")  # a training request waits in the socket: the background one waits too
+        deadline = time.monotonic() + 5
+        while not server.router.get(zmq.EVENTS) & zmq.POLLIN and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.answer_background()
+        assert answered[-1] == b"rebuild-b"
+        server.background[0] = (time.monotonic() - 2 * node_server.BACKGROUND_WAIT, *server.background[0][1:])
+        server.answer_background()  # but never longer than BACKGROUND_WAIT
+        assert answered[-1] == b"rebuild-c" and not server.background
+
+        for n in range(node_server.BACKGROUND_HELD + 1):
+            receive(b"held-%d" % n, True)
+        assert answered[-1] == b"held-%d" % node_server.BACKGROUND_HELD
+        assert len(server.background) == node_server.BACKGROUND_HELD
+    finally:
+        sender.close(0)
+        server.close()

@@ -152,10 +152,12 @@ class Get(Request):
 
 @request("get_many")
 class GetMany(Request):
-    """Rows of several tables (arrays: one ids array per table); "committed" and "records" as for `Get`."""
+    """Rows of several tables (arrays: one ids array per table); "committed" and "records" as for `Get`;
+    "background": a rebuilder's read, answered once no other request waits."""
     tables: list
     committed: bool = False
     records: bool = False
+    background: bool = False
     node: str | None = None
 
 
@@ -276,8 +278,9 @@ class Holds(Request):
 @request("get_parity")
 class GetParity(Request):
     """Parity rows of several tables (arrays: one stripes array per table), each with how many degraded writes
-    it holds, and the deltas this node applied."""
+    it holds, and the deltas this node applied; "background" as for `GetMany`."""
     tables: list
+    background: bool = False
     node: str | None = None
 
 
