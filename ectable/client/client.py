@@ -68,9 +68,8 @@ _read = functools.partial(_open, read=True)
 class Client:
     """get / put / apply_gradient over a cluster's nodes (see SPEC section 3)."""
 
-    def __init__(self, cluster, background: bool = False):
+    def __init__(self, cluster):
         self.cluster = cluster
-        self.background = background  # a rebuilder's: node processes serve its reads after training's requests
         self.config = cluster.config
         self.nodes = self.config.nodes
         self._tables: dict[str, tuple[TableSpec, object]] = {}

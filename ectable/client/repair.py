@@ -162,9 +162,8 @@ class Repair:
         requests = {}
         for (node, kind), asks in parts.items():
             tables = [table for table, *_ in asks]
-            background = self.client.background
-            header = (GetMany(tables=tables, committed=True, records=True, background=background, node=self._node(node))
-                      if kind == "data" else GetParity(tables=tables, background=background, node=self._node(node))).header()
+            header = (GetMany(tables=tables, committed=True, records=True, node=self._node(node)) if kind == "data"
+                      else GetParity(tables=tables, node=self._node(node))).header()
             requests[(node, kind)] = (header, [ids for _, ids, _, _ in asks])
         for (node, kind), (reply, arrays) in self.client._gather(requests).items():
             if kind == "data":

@@ -8,7 +8,6 @@ spare, later), the endpoints of its peers and the positions that are dead.
 """
 from __future__ import annotations
 
-import collections
 import faulthandler
 import os
 import signal
@@ -34,8 +33,6 @@ RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02
 FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas", "hold_deltas_to"}
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
-BACKGROUND_WAIT = 0.05  # longest a background request (a rebuilder's read) waits behind other requests
-BACKGROUND_HELD = 256  # background requests held at most; beyond, they are answered in turn
 
 
 class NodeServer(NodeHost):
@@ -62,7 +59,6 @@ class NodeServer(NodeHost):
         self.faults: dict[str, float] = {}  # armed by the owning cluster's `fault` op, for tests
         self.fault_hits = 0
         self.last_request = 0.0
-        self.background: collections.deque = collections.deque()  # (received, identity, header, arrays, key)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
 
@@ -126,8 +122,7 @@ class NodeServer(NodeHost):
     def serve(self) -> None:
         while self.running:
             busy = self.node is not None and (self.node.close_pending or self.node.queued)
-            wait = 0 if self.background else GRACE if busy else TICK
-            events = dict(self.poller.poll(int(wait * 1000)))
+            events = dict(self.poller.poll(int((GRACE if busy else TICK) * 1000)))
             if self.router in events:
                 self.last_request = time.monotonic()
                 for _ in range(64):  # a burst at most, then the peers get a turn
@@ -135,7 +130,7 @@ class NodeServer(NodeHost):
                         frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    self.receive(frames)
+                    self.answer(frames)
             for target, sock in list(self.peers.items()):
                 if sock in events:
                     self.read_acks(target, sock)
@@ -150,7 +145,6 @@ class NodeServer(NodeHost):
                 if self.node is not None and self.node.replay_from is not None and self.presence.writers is not None:
                     self.node.keep_replayers(self.presence.writers)
             self.rebuild()
-            self.answer_background()
             if busy and self.node is not None and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
                     self.node.close_window()
@@ -161,8 +155,7 @@ class NodeServer(NodeHost):
                 break  # the process that started us is gone: never outlive it
         self.close()
 
-    def receive(self, frames) -> None:
-        """Answer a request now or, a background one, once no other request waits (`answer_background`)."""
+    def answer(self, frames) -> None:
         identity, body = frames[0], frames[1:]
         try:
             header, arrays = codec.decode(body)
@@ -170,20 +163,8 @@ class NodeServer(NodeHost):
             self.malformed += 1
             self._reply(identity, messages.error(ErrorCode.MALFORMED, str(exc)), [])
             return
-        key = body[0].get("User-Id") if self.keys else None  # the sender's public key, as CURVE proved it
-        if header.get("background") is True and len(self.background) < BACKGROUND_HELD:
-            self.background.append((time.monotonic(), identity, header, arrays, key))
-        else:
-            self.answer(identity, header, arrays, key)
-
-    def answer_background(self) -> None:
-        """Answer the oldest background request if no other request waits, or if it waited BACKGROUND_WAIT."""
-        if self.background and (not self.router.get(zmq.EVENTS) & zmq.POLLIN
-                                or time.monotonic() - self.background[0][0] > BACKGROUND_WAIT):
-            self.answer(*self.background.popleft()[1:])
-
-    def answer(self, identity, header, arrays, key) -> None:
         rid = header.get("id")
+        key = body[0].get("User-Id") if self.keys else None  # the sender's public key, as CURVE proved it
         try:
             reply = self.handle(header, arrays, key)
         except Exception as exc:  # a node never dies of a request

@@ -4,8 +4,7 @@ The rebuilder runs in a thread of the rebuilding node's own process, as a client
 cluster (through the map in the cluster's store): each round it asks its node which rows and parity
 rows are missing (up to `rebuild_batch`), decodes them from a consistent cut of their
 stripes, and installs them; then it rests so the node spends at most `rebuild_share` of
-its time rebuilding. Its reads are background requests: survivors answer them between training's
-requests, never ahead of one. Rows clients touch first are rebuilt on demand by those clients.
+its time rebuilding. Rows clients touch first are rebuilt on demand by those clients.
 `RebuildRounds` is the rebuilding itself, one round at a time, over any cluster map (the
 simulation runs it too); `Rebuilder` is the thread that runs its rounds in a node process.
 """
@@ -24,7 +23,7 @@ class RebuildRounds:
 
     def __init__(self, cluster, position: int, source: str):
         self.cluster, self.position, self.source = cluster, position, source
-        self.client = Client(cluster, background=True)
+        self.client = Client(cluster)
         self.started = False  # the map names this identity at the position: rebuilding has begun
 
     def round(self) -> float | None:

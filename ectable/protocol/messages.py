@@ -152,12 +152,10 @@ class Get(Request):
 
 @request("get_many")
 class GetMany(Request):
-    """Rows of several tables (arrays: one ids array per table); "committed" and "records" as for `Get`;
-    "background": a rebuilder's read, answered once no other request waits."""
+    """Rows of several tables (arrays: one ids array per table); "committed" and "records" as for `Get`."""
     tables: list
     committed: bool = False
     records: bool = False
-    background: bool = False
     node: str | None = None
 
 
@@ -278,9 +276,8 @@ class Holds(Request):
 @request("get_parity")
 class GetParity(Request):
     """Parity rows of several tables (arrays: one stripes array per table), each with how many degraded writes
-    it holds, and the deltas this node applied; "background" as for `GetMany`."""
+    it holds, and the deltas this node applied."""
     tables: list
-    background: bool = False
     node: str | None = None
 
 
