@@ -174,7 +174,7 @@ WIRE = [
     (DELTA, [np.array([[1, 36]]), np.array([5000]), np.zeros(36, np.uint8)], "5000"),
     (DELTA, [np.array([[-1, 36]]), I64[:0], np.zeros(0, np.uint8)], ">= 0"),
     ({"op": "holds", "table": "nope"}, [I64], "'nope'"),
-    ({"op": "get_parity", "tables": ["items"]}, [np.array([10 ** 9])], "1000000000"),
+    ({"op": "get_parity", "table": "items"}, [np.array([10 ** 9])], "1000000000"),
     ({"op": "restore", "table": "items", "cut": {"x": "y"}}, [I64, ROWS8], "cut"),
     ({"op": "restore", "table": "items", "kind": "parity"}, [I64], "arrays"),
     ({"op": "invalidate", "table": "items"}, [np.array([-1])], "-1"),

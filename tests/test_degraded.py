@@ -33,7 +33,7 @@ def degraded(node, position, dead, seq=1, row=5):
 def test_a_holder_refuses_a_degraded_write_for_a_position_that_has_a_replacement():
     node, p = holder_of(5)
     node.sources, node.fenced = {p: "node/spare"}, {"node/dead"}
-    parity = {"op": "get_parity", "tables": ["t"]}, [CONFIG.layout(SPEC).stripe(np.array([5]))]
+    parity = {"op": "get_parity", "table": "t"}, [CONFIG.layout(SPEC).stripe(np.array([5]))]
     before = node.handle(*parity)[1][0].copy()
     reply = degraded(node, p, "node/dead")
     assert ErrorCode(reply["error"]) is ErrorCode.REPLACED
@@ -61,7 +61,7 @@ def test_holders_that_agreed_to_a_degraded_write_take_it_and_count_it():
     assert "error" not in reply and has.tolist() == [1] and counts.tolist() == [0]
     node.sources = {p: "node/spare"}  # a replacement came between the question and the delta: still taken
     assert degraded(node, p, "node/dead")["ack"] == 1
-    assert node.handle({"op": "get_parity", "tables": ["t"]}, [stripes])[1][1].tolist() == [1]
+    assert node.handle({"op": "get_parity", "table": "t"}, [stripes])[1][1].tolist() == [1]
     late = Holds(table="t", source="repair/y", position=p, dead="node/dead").header()
     assert ErrorCode(node.handle(late, [stripes])[0]["error"]) is ErrorCode.REPLACED
 

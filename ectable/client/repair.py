@@ -12,7 +12,7 @@ import numpy as np
 from .. import clock
 from ..errors import Error, NodeDown, Replaced, StaleCut, Unavailable
 from ..protocol import deltas as payload, validate
-from ..protocol.messages import Delta, GetMany, GetParity, Holds, Missing, Restore, Status
+from ..protocol.messages import Delta, Get, GetParity, Holds, Missing, Restore, Status
 from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
 
@@ -84,7 +84,7 @@ class Repair:
                             raise Error(f"tables {list(stripes)}: parity holders kept lagging behind the data")
                         clock.sleep(0.001)
             except NotRebuilt as exc:
-                self._not_rebuilt(exc, cuts, unread)
+                self._not_rebuilt(exc, cuts[exc.table], unread[exc.table])
                 continue
             break
         for cut in cuts.values():
@@ -142,57 +142,51 @@ class Repair:
         return again
 
     def _read(self, cuts: dict) -> None:
-        """Read every cut's `read` slots into its blocks, one request per node and kind for all tables, all in
+        """Read every cut's `read` slots into its blocks, one request per node, kind and table, all in
         flight at once; note what each data node had sent (`senders`) and each parity holder applied."""
-        parts, none = {}, np.zeros(0, dtype=np.int64)  # (node, kind) -> [(table, ids or stripes, rows, cols)]
+        requests, where = {}, {}
         for table, cut in cuts.items():
             stripes, nodes, read, k = cut["stripes"], cut["nodes"], cut["read"], cut["k"]
-            asked = set()
             for node in np.unique(nodes[read]).tolist():
                 mine = read & (nodes == node)
                 rows, cols = np.nonzero(mine[:, :k])
                 if rows.size:
-                    parts.setdefault((node, "data"), []).append((table, stripes[rows] * k + cols, rows, cols))
-                    asked.add(node)
+                    requests[(node, "data", table)] = (
+                        Get(table=table, committed=True, records=True, node=self._node(node)).header(),
+                        [stripes[rows] * k + cols])
+                    where[(node, "data", table)] = (rows, cols)
                 rows, cols = np.nonzero(mine[:, k:])
                 if rows.size:
-                    parts.setdefault((node, "parity"), []).append((table, stripes[rows], rows, k + cols))
-            for node in cut["mark"] - asked:  # no rows: what it had sent, now
-                parts.setdefault((node, "data"), []).append((table, none, none, none))
-        requests = {}
-        for (node, kind), asks in parts.items():
-            tables = [table for table, *_ in asks]
-            header = (GetMany(tables=tables, committed=True, records=True, node=self._node(node)) if kind == "data"
-                      else GetParity(tables=tables, node=self._node(node))).header()
-            requests[(node, kind)] = (header, [ids for _, ids, _, _ in asks])
-        for (node, kind), (reply, arrays) in self.client._gather(requests).items():
+                    requests[(node, "parity", table)] = (GetParity(table=table, node=self._node(node)).header(),
+                                                         [stripes[rows]])
+                    where[(node, "parity", table)] = (rows, k + cols)
+            for node in cut["mark"] - {n for n, kind, t in requests if t == table and kind == "data"}:
+                requests[(node, "data", table)] = (  # no rows: what it had sent, now
+                    Get(table=table, committed=True, records=True, node=self._node(node)).header(),
+                    [np.zeros(0, dtype=np.int64)])
+                where[(node, "data", table)] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        for (node, kind, table), (reply, arrays) in self.client._gather(requests).items():
+            cut = cuts[table]
+            rows, cols = where[(node, kind, table)]
+            cut["blocks"][rows, cols] = arrays[0].view(np.uint8) if kind == "data" else arrays[0]
+            if kind == "parity":
+                cut["versions"][rows, cols] = arrays[1]
             if kind == "data":
                 marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
                 peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
-                sender = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
-            for i, (table, _, rows, cols) in enumerate(parts[(node, kind)]):
-                cut = cuts[table]
-                if kind == "data":
-                    cut["blocks"][rows, cols] = arrays[i].view(np.uint8)
-                    cut["senders"][node] = sender
-                else:
-                    cut["blocks"][rows, cols] = arrays[2 * i]
-                    cut["versions"][rows, cols] = arrays[2 * i + 1]
-                    cut["holders"][node] = reply["applied"]
-
-    def _not_rebuilt(self, exc, cuts, unread) -> None:
-        """A rebuilding node lacks some slots: mark them unread (data ids or parity stripes), every table named."""
-        node = exc.position
-        for table, ids in (exc.stripes if exc.kind == "parity" else exc.missing).items():
-            if table not in cuts:
-                continue
-            stripes, nodes, k, lost = cuts[table]["stripes"], cuts[table]["nodes"], cuts[table]["k"], unread[table]
-            if exc.kind == "parity":
-                rows = np.isin(stripes, ids)
-                lost[rows, k:] |= nodes[rows, k:] == node
+                cut["senders"][node] = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
             else:
-                rows = np.isin(stripes, ids // k)
-                lost[rows, :k] |= (nodes[rows, :k] == node) & np.isin(stripes[rows, None] * k + np.arange(k), ids)
+                cut["holders"][node] = reply["applied"]
+
+    def _not_rebuilt(self, exc, cut, unread) -> None:
+        """A rebuilding node lacks some slots: mark them unread (data ids or parity stripes)."""
+        stripes, nodes, k, node = cut["stripes"], cut["nodes"], cut["k"], exc.position
+        if exc.kind == "parity":
+            rows = np.isin(stripes, exc.ids)
+            unread[rows, k:] |= nodes[rows, k:] == node
+        else:
+            rows = np.isin(stripes, exc.ids // k)
+            unread[rows, :k] |= (nodes[rows, :k] == node) & np.isin(stripes[rows, None] * k + np.arange(k), exc.ids)
 
     def _decode(self, blocks, chosen, width) -> None:
         slots = np.arange(width)

@@ -152,9 +152,8 @@ class Get(Request):
 
 @request("get_many")
 class GetMany(Request):
-    """Rows of several tables (arrays: one ids array per table); "committed" and "records" as for `Get`."""
+    """Rows of several tables (arrays: one ids array per table)."""
     tables: list
-    committed: bool = False
     records: bool = False
     node: str | None = None
 
@@ -275,9 +274,7 @@ class Holds(Request):
 
 @request("get_parity")
 class GetParity(Request):
-    """Parity rows of several tables (arrays: one stripes array per table), each with how many degraded writes
-    it holds, and the deltas this node applied."""
-    tables: list
+    table: str
     node: str | None = None
 
 

@@ -30,8 +30,7 @@ MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded
 SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long
 PROMISE_SECONDS = 5.0  # a degraded write that every holder agreed to is taken this long, replacement or not
 REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' replays
-READS = {"get", "get_many"}
-HELD_FOR_REPLAYS = {"write", "missing"}  # and uncommitted READS: what clients read and write, and
+HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
 LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step", "snapshot"}  # a pending close may wait
@@ -120,8 +119,7 @@ class Node:
                 raise InvalidRequest(f"a node does not take {msg.op!r}")
             if msg.node not in (None, self.source):  # meant for another incarnation of this position
                 return messages.error(ErrorCode.NOT_MEMBER, f"this is {self.source}, not {msg.node}"), []
-            held = msg.op in HELD_FOR_REPLAYS or msg.op in READS and not msg.committed
-            if self.replay_from is not None and held:
+            if self.replay_from is not None and (msg.op in HELD_FOR_REPLAYS or msg.op == "get" and not msg.committed):
                 self._maybe_end_replays()
                 if self.replay_from is not None:
                     return messages.error(ErrorCode.REPLAYING, f"waiting for {len(self.replay_from)} writers' replays"), []
@@ -133,9 +131,8 @@ class Node:
             reply.setdefault("durable", self.durable_seq)
             return reply, out
         except NotRebuilt as exc:
-            every = exc.missing or exc.stripes
             return (messages.error(ErrorCode.NOT_REBUILT, str(exc), table=exc.table, kind=exc.kind,
-                                   tables=list(every)), [exc.ids, *every.values()])
+                                   tables=list(exc.missing)), [exc.ids, *exc.missing.values()])
         except InvalidRequest as exc:
             self.rejected += 1
             return messages.error(ErrorCode.INVALID, str(exc)), []
@@ -211,26 +208,22 @@ class Node:
         shard = self._shard(msg.table)
         (ids,) = self._arrays(arrays, 1)
         ids = self._ids(shard, ids)
-        rows = shard.read(ids, committed=msg.committed, records=msg.records)
-        return self._cut() if msg.committed else {}, [rows]
-
-    def _cut(self) -> dict:
-        """What committed rows were read at: the deltas that carried them (a reader checks its cut against
-        parity holders with it)."""
-        return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()},
-                "peers": {str(t): s for t, s in self.sources.items()}, "marks": self.closed_marks,
-                "window": self.closed_windows}
+        committed = msg.committed
+        rows = shard.read(ids, committed=committed, records=msg.records)
+        if committed:  # with the deltas that carried them: a reader can check its cut against parity holders
+            return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()},
+                    "peers": {str(t): s for t, s in self.sources.items()}, "marks": self.closed_marks,
+                    "window": self.closed_windows}, [rows]
+        return {}, [rows]
 
     def op_get_many(self, msg, arrays):
-        """Rows of several tables: header "tables", one ids array per table; "records": whole records;
-        "committed": as of the open window's start, with `_cut`."""
+        """Rows of several tables: header "tables", one ids array per table; "records": whole records."""
         tables = msg.tables
         self._arrays(arrays, len(tables))
         work = [(self._shard(t), ids) for t, ids in zip(tables, arrays)]
         work = [(shard, self._ids(shard, ids)) for shard, ids in work]
         self._need_rebuilt(work)
-        rows = [shard.read(ids, committed=msg.committed, records=msg.records) for shard, ids in work]
-        return self._cut() if msg.committed else {}, rows
+        return {}, [shard.read(ids, records=msg.records) for shard, ids in work]
 
     @staticmethod
     def _need_rebuilt(work) -> None:
@@ -504,15 +497,10 @@ class Node:
             np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8), shard.versions[local]]
 
     def op_get_parity(self, msg, arrays):
-        """Per table, its parity rows and how many degraded writes each holds; refused naming every table's
-        stripes not rebuilt yet."""
-        self._arrays(arrays, len(msg.tables))
-        work = [(self._shard(t), s) for t, s in zip(msg.tables, arrays)]
-        work = [(shard, validate.ids(shard.spec.name, s, shard.layout.num_stripes)) for shard, s in work]
-        missing = {shard.spec.name: m for shard, s in work if (m := shard.unrebuilt_parity(s)).size}
-        if missing:
-            raise NotRebuilt.of(missing, "parity")
-        return {"applied": dict(self.applied)}, [a for shard, s in work for a in shard.read_parity(s)]
+        shard = self._shard(msg.table)
+        (stripes,) = self._arrays(arrays, 1)
+        stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
+        return {"applied": dict(self.applied)}, list(shard.read_parity(stripes))
 
     def op_restore(self, msg, arrays):
         """Install rebuilt data records (kind "data"; arrays ids, records) or parity rows ("parity";

@@ -23,15 +23,13 @@ class NotRebuilt(Error):
         super().__init__(f"table {table!r}: {ids.size} {'rows' if kind == 'data' else 'parity rows'} not rebuilt yet"
                          + (f" (and rows of {len(missing) - 1} more tables)" if missing and len(missing) > 1 else ""))
         self.table, self.ids, self.kind = table, ids, kind  # kind "parity": ids are stripes
-        every = missing or {table: ids}
-        self.missing = every if kind == "data" else {}  # data rows, every table named
-        self.stripes = every if kind == "parity" else {}  # parity rows' stripes, every table named
+        self.missing = missing or ({table: ids} if kind == "data" else {})  # data rows, every table named
 
     @classmethod
-    def of(cls, missing: dict, kind: str = "data") -> "NotRebuilt":
-        """Rows (or, `kind` "parity", parity rows' stripes) not rebuilt yet in several tables: {table: ids}."""
+    def of(cls, missing: dict) -> "NotRebuilt":
+        """Data rows not rebuilt yet in several tables: {table: ids}."""
         table = next(iter(missing))
-        return cls(table, missing[table], kind, missing)
+        return cls(table, missing[table], "data", missing)
 
 
 class Shard:
@@ -195,12 +193,6 @@ class Shard:
         block = self.parity[local]
         gf256.xor_into(block, terms)
         self.parity[local] = block
-
-    def unrebuilt_parity(self, stripes: np.ndarray) -> np.ndarray:
-        """The stripes whose parity rows here are not rebuilt yet."""
-        if self.missing_parity is None:
-            return stripes[:0]
-        return stripes[self.missing_parity[self.parity_slots(stripes)[1]]]
 
     def read_parity(self, stripes) -> tuple[np.ndarray, np.ndarray]:
         """Parity rows of `stripes` and how many degraded writes each holds (a decode that reads two

@@ -45,7 +45,7 @@ def check_parity(cluster, client) -> None:
                 data[valid] = read_records(client, table, flat[valid])
                 data = data.reshape(stripes.size, k, -1).view(np.uint8)
                 try:
-                    held = client._call(p, GetParity(tables=[table]).header(), [stripes])[1][0]
+                    held = client._call(p, GetParity(table=table).header(), [stripes])[1][0]
                 except NodeDown:  # it died since the flush: its parity is rebuilt from the data
                     client._lost(p)
                     continue
