@@ -19,6 +19,7 @@ from ..storage.node import Node
 
 class NodeHost:
     endpoint_pattern = ENDPOINT  # what peers' endpoints look like on this transport
+    late_writers = False  # hosts that answer later (node processes) begin a checkpoint's writing once answered
 
     def __init__(self, endpoint: str, token: str | None):
         self.endpoint, self.token = endpoint, token
@@ -31,7 +32,6 @@ class NodeHost:
         self.keys: dict | None = None  # the [security] section, with CURVE keys: who may send what
         self.peer_keys: dict[str, str] = {}  # identity -> key of the nodes the current map gives a live position
         self.lazy_close = False  # nodes of processes close windows when idle
-        self.late_writers = False  # node processes begin writing a checkpoint once its snapshot is answered
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
 
     def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:

@@ -39,6 +39,8 @@ class NodeServer(NodeHost):
     """A node process: the node behind a ROUTER socket, delta delivery to peers with resends until
     acknowledged, its presence in the store, its rebuilder, and injected faults."""
 
+    late_writers = True  # the trainer waits for the snapshot's answer, not for the writing
+
     def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None, token: str | None = None,
                  membership: dict | None = None):
         self.context = zmq.Context()
@@ -48,7 +50,6 @@ class NodeServer(NodeHost):
         super().__init__(bind_to(self.router, bind), token)
         self.keys = curve  # its own key pair (peers, rebuilder) and who may send what (`NodeHost.handle`)
         self.lazy_close = True
-        self.late_writers = True  # the trainer waits for the snapshot's answer, not for the writing
         self.membership = membership  # the [membership] section: where the cluster's store is
         self.presence: _Presence | None = None  # this node's presence in the store, once serving
         self.writers_taken = 0  # the presence's read of the live writers the node last expired writers by
