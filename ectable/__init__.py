@@ -15,6 +15,7 @@ from .checkpoint.pieces import BadCheckpoint
 from .client import Client, connect
 from .client.checkpoints import Restored, load_rows
 from .errors import AuthenticationFailed, Error, InvalidRequest, NodeDown, Unavailable
+from .lookahead import Lookahead
 from .process.local import LocalCluster
 from .storage.table import TableSpec
 
@@ -32,4 +33,5 @@ def restore(path: str, cluster, number: int | None = None) -> Restored:
 
 __version__ = "0.1.0"
 __all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown",
-           "AuthenticationFailed", "BadCheckpoint", "Restored", "restore", "load_rows"]
+           "AuthenticationFailed", "BadCheckpoint", "Restored", "restore", "load_rows",
+           "Lookahead"]

@@ -224,8 +224,9 @@ class Client:
         return self.get_many({table: ids})[table]
 
     @_read
-    def get_many(self, batch: dict) -> dict:
-        """{table: ids} -> {table: rows}, one request per node for all tables, sent in parallel."""
+    def get_many(self, batch: dict, records: bool = False) -> dict:
+        """{table: ids} -> {table: rows}, one request per node for all tables, sent in parallel. With
+        `records`, whole records: weights then optimizer state, [*S, `TableSpec.width`]."""
         plan = {}
         for table, ids in self._check_many(batch).items():
             spec, _ = self._table(table)
@@ -234,13 +235,14 @@ class Client:
                 uniq, inverse = flat, np.arange(flat.size)
             else:
                 uniq, inverse = np.unique(flat, return_inverse=True)
-            plan[table] = (uniq, inverse.reshape(shape), np.empty((uniq.size, spec.dim), dtype=np.float32))
+            width = spec.width if records else spec.dim
+            plan[table] = (uniq, inverse.reshape(shape), np.empty((uniq.size, width), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
-        done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], node=self._sources.get(p)).header(),
-                                  [ids for _, ids, _ in ps])
+        done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], records=records,
+                                            node=self._sources.get(p)).header(), [ids for _, ids, _ in ps])
                               for p, ps in parts.items()})
         for p, ps in parts.items():
-            rows = done[p] if p in done else self._read_node(p, {table: ids for table, ids, _ in ps})
+            rows = done[p] if p in done else self._read_node(p, {table: ids for table, ids, _ in ps}, records)
             for n, (table, _, where) in enumerate(ps):
                 plan[table][2][where] = rows[n]
         return {table: rows[inverse] for table, (_, inverse, rows) in plan.items()}
@@ -287,11 +289,25 @@ class Client:
     def put(self, table: str, ids, rows) -> None:
         """Assign the weights of rows `ids` (unique; any shape S, with rows [*S, dim]); their optimizer
         state is kept."""
-        spec, _ = self._table(table)
-        ids, shape = validate.shaped_ids(table, ids, spec.num_rows)
-        validate.unique(table, ids)
-        rows = validate.rows(table, rows, ids.size, spec.dim, "rows", shape)
-        self._write({table: ("put", ids, rows)})
+        self._table(table)
+        self.put_many({table: (ids, rows)})
+
+    @_open
+    def put_many(self, batch: dict, records: bool = False) -> None:
+        """{table: (ids, rows)}: `put` to several tables, every table checked before any is written; one
+        request per node. With `records`, whole records (weights and optimizer state, as `get_many` gives
+        them with `records`) are assigned."""
+        checked = {}
+        for table, value in self._check_many(batch).items():
+            if not (isinstance(value, (tuple, list)) and len(value) == 2):
+                raise InvalidRequest(f"table {table!r}: expected (ids, rows), got {type(value).__name__}")
+            spec, _ = self._table(table)
+            ids, shape = validate.shaped_ids(table, value[0], spec.num_rows)
+            validate.unique(table, ids)
+            rows = validate.rows(table, value[1], ids.size, spec.width if records else spec.dim,
+                                 "records" if records else "rows", shape)
+            checked[table] = ("records" if records else "put", ids, rows)
+        self._write(checked)
 
     @_open
     def apply_gradient(self, table: str, ids, grads) -> None:

@@ -1,0 +1,323 @@
+"""`Lookahead`: Bagpipe's prefetching and oracle caching over a stream of batches known in advance.
+
+While the trainer works on batch t, the rows of batches t+1 .. t+L are read from the store in the
+background. A row that a batch within that window uses again stays in the trainer's cache, where its
+updates are applied with the nodes' own optimizer code; it is written back (its whole record,
+weights and optimizer state) once no batch of the window uses it. A row is read from the store
+only when no admitted batch holds it, after its last write-back: no read is ever stale.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..errors import Error, InvalidRequest
+from ..protocol import validate
+from ..storage.optimizers import write_rows
+from ..storage.table import TableSpec
+from .cache import RowCache, keys_of, split_keys
+from .worker import Worker
+
+TIMEOUT = 300.0  # longest wait for the store (a failover included) before `Unavailable`
+
+
+class _Batch:
+    """An admitted batch: the user's value, its unique rows as keys and their cache slots."""
+
+    __slots__ = ("value", "parts", "keys", "slots", "fill", "future")
+
+    def __init__(self, value, parts: dict, keys: np.ndarray):
+        self.value, self.parts, self.keys = value, parts, keys  # parts: {table: (unique ids, slice of keys)}
+        self.slots = self.fill = self.future = None
+
+
+def _dict_ids(batch) -> dict:
+    return batch
+
+
+class Lookahead:
+    """Iterate over `batches` (any iterable) through a trainer-side cache of `cache_rows` records,
+    reading the rows of the next `lookahead` batches while the caller computes.
+
+    Each batch's rows are named by `ids(batch)`, a dict {table: ids} (the default takes the batch
+    itself as that dict). Inside the loop, use the lookahead in place of the client: `get_many`,
+    `get`, `apply_gradient_many`, `apply_gradient` and `step` act on the current batch's rows (the
+    last one the iteration gave) exactly as the client's verbs would, bit for bit. The iteration
+    ends, once `batches` do, with every update written back; `close()` (or leaving a `with` block)
+    writes back what an unfinished loop holds. Rows updated and kept in the cache are also written
+    back every `sync_every` batches (None: only when they leave the cache), which bounds what a
+    trainer crash loses. The client is used by the lookahead's own thread until `close()`."""
+
+    def __init__(self, client, batches, lookahead: int = 8, cache_rows: int = 1 << 20, ids=None,
+                 sync_every: int | None = 100, timeout: float = TIMEOUT):
+        for name, value, low in (("lookahead", lookahead, 0), ("cache_rows", cache_rows, 1),
+                                 ("sync_every", 1 if sync_every is None else sync_every, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise InvalidRequest(f"{name} must be an integer >= {low}, got {value!r}")
+        if ids is not None and not callable(ids):
+            raise InvalidRequest(f"ids must be a function batch -> {{table: ids}}, got {type(ids).__name__}")
+        self.lookahead, self.sync_every, self.timeout = int(lookahead), sync_every, float(timeout)
+        self._specs: dict[str, tuple[TableSpec, int]] = {}  # table -> (spec, index in the cache's keys)
+        self._learn(client.tables())
+        self.cache = RowCache(int(cache_rows), max((s.width for s, _ in self._specs.values()), default=1))
+        self._source, self._ids = iter(batches), ids or _dict_ids
+        self._window: deque[_Batch] = deque()  # admitted, not given yet
+        self._waiting: _Batch | None = None  # read from `batches`, not admitted yet (no room)
+        self._current: _Batch | None = None
+        self._exhausted = self._closed = False
+        self._optimizers = {}
+        self._counts = dict.fromkeys(("batches", "rows", "fetched", "written", "bytes_read", "bytes_written"), 0)
+        self._worker = Worker(client)
+
+    # -- the loop --------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self._open()
+        if self._current is not None:
+            self._finish(self._current)
+            self._current = None
+        self._admit()
+        if not self._window:
+            self.flush()
+            raise StopIteration
+        batch = self._window.popleft()
+        if batch.future is not None:
+            for table, records in batch.future.result(self.timeout).items():
+                self.cache.arena[batch.fill[table], : records.shape[1]] = records
+            batch.future = batch.fill = None
+        self._current = batch
+        self._counts["batches"] += 1
+        if self.sync_every is not None and self._counts["batches"] % self.sync_every == 0:
+            self._write_back(*self.cache.take_dirty())
+        return batch.value
+
+    def _admit(self) -> None:
+        """Admit batches until `lookahead` + 1 are ahead or the cache has no room for the next one's rows."""
+        while len(self._window) <= self.lookahead:
+            if self._waiting is None:
+                if self._exhausted:
+                    return
+                try:
+                    value = next(self._source)
+                except StopIteration:
+                    self._exhausted = True
+                    return
+                self._waiting = self._prepare(value)
+            batch = self._waiting
+            needed = self.cache.missing(batch.keys)
+            if needed > self.cache.free - self._worker.held:
+                if self._window:
+                    return  # the batches ahead free slots as they are done
+                self._drain()  # only write-backs in flight hold slots
+                if needed > self.cache.free:
+                    raise InvalidRequest(f"a batch names {batch.keys.size} unique rows, more than cache_rows="
+                                         f"{self.cache.capacity}")
+            batch.slots, new = self.cache.admit(batch.keys)
+            if new.any():
+                batch.fill, payload, fresh = {}, {}, batch.slots[new]
+                for index, part, ids in split_keys(batch.keys[new]):
+                    table = self._name(index)
+                    payload[table], batch.fill[table] = ids, fresh[part]
+                batch.future = self._worker.submit("read", payload)
+                self._count_io("fetched", "bytes_read", payload)
+            self._counts["rows"] += batch.keys.size
+            self._window.append(batch)
+            self._waiting = None
+
+    def _prepare(self, value) -> _Batch:
+        ids = self._ids(value)
+        if not isinstance(ids, dict):
+            raise InvalidRequest(f"a lookahead batch's ids must be a dict {{table: ids}}, got {type(ids).__name__}"
+                                 " (pass ids=, a function of the batch, for other batches)")
+        uniq = {}
+        for table, named in ids.items():
+            spec, _ = self._table(table)
+            flat = validate.shaped_ids(table, named, spec.num_rows)[0]
+            uniq[table] = flat if validate.ascending(flat) else np.unique(flat)
+        parts, keys, at = {}, [], 0
+        for table in sorted(uniq, key=lambda t: self._specs[t][1]):  # keys ascending: tables in index order
+            keys.append(keys_of(self._specs[table][1], uniq[table]))
+            parts[table] = (uniq[table], slice(at, at + uniq[table].size))
+            at += uniq[table].size
+        return _Batch(value, parts, np.concatenate(keys) if keys else np.empty(0, dtype=np.int64))
+
+    def _finish(self, batch: _Batch) -> None:
+        """The batch is done: its rows no batch ahead uses leave the cache, written back if updated."""
+        self._write_back(*self.cache.release(batch.keys))
+
+    def _write_back(self, keys: np.ndarray, records: np.ndarray) -> None:
+        if keys.size:
+            payload = {}
+            for index, part, ids in split_keys(keys):
+                table = self._name(index)
+                payload[table] = (ids, records[part, : self._specs[table][0].width])
+            self._worker.submit("write", payload, rows=int(keys.size))
+            self._count_io("written", "bytes_written", {t: ids for t, (ids, _) in payload.items()})
+
+    def _count_io(self, rows: str, size: str, payload: dict) -> None:
+        for table, ids in payload.items():
+            self._counts[rows] += ids.size
+            self._counts[size] += ids.size * self._specs[table][0].width * 4
+
+    def _drain(self) -> None:
+        """Wait until every task queued so far is done (raising its failure)."""
+        self._worker.submit("call", lambda client: None).result(self.timeout)
+
+    # -- the verbs of the current batch ----------------------------------
+    def get_many(self, batch: dict) -> dict:
+        """{table: ids} -> {table: rows [*S, dim]}, as `Client.get_many`; the ids must be among the current
+        batch's."""
+        current = self._now()
+        out = {}
+        for table, ids in self._checked(batch).items():
+            spec, _ = self._table(table)
+            flat, shape = validate.shaped_ids(table, ids, spec.num_rows)
+            out[table] = self.cache.arena[self._slots(current, table, flat), : spec.dim].reshape(*shape, spec.dim)
+        return out
+
+    def get(self, table: str, ids) -> np.ndarray:
+        """Rows of `ids` of `table`, as `Client.get`."""
+        return self.get_many({table: ids})[table]
+
+    def apply_gradient_many(self, batch: dict) -> None:
+        """{table: (ids, grads)}, as `Client.apply_gradient_many`, applied to the cached rows: every table is
+        checked before any is written."""
+        current = self._now()
+        work = []
+        for table, value in self._checked(batch).items():
+            if not (isinstance(value, (tuple, list)) and len(value) == 2):
+                raise InvalidRequest(f"table {table!r}: expected (ids, grads), got {type(value).__name__}")
+            spec, _ = self._table(table)
+            ids, shape = validate.shaped_ids(table, value[0], spec.num_rows)
+            grads = validate.rows(table, value[1], ids.size, spec.dim, "gradients", shape)
+            ids, grads = validate.coalesce(ids, grads)
+            if not np.isfinite(grads).all():
+                raise InvalidRequest(f"table {table!r}: gradients of duplicate ids sum to a non-finite value")
+            slots = self._slots(current, table, ids)
+            records = self.cache.arena[slots, : spec.width]
+            write_rows(self._optimizer(spec), "apply_gradient", records, grads, spec.dim)
+            validate.finite_result(table, "apply_gradient", ids, records)
+            work.append((slots, spec.width, records))
+        for slots, width, records in work:
+            self.cache.arena[slots, :width] = records
+            self.cache.dirty[slots] = True
+
+    def apply_gradient(self, table: str, ids, grads) -> None:
+        """As `Client.apply_gradient`, on the current batch's rows."""
+        self.apply_gradient_many({table: (ids, grads)})
+
+    def step(self) -> None:
+        """Nothing: the iteration boundary is the loop's next batch (kept so a lookahead stands in for a client)."""
+        self._open()
+
+    def _now(self) -> _Batch:
+        self._open()
+        if self._current is None:
+            raise InvalidRequest("no current batch: iterate over the lookahead first (its rows are those of the "
+                                 "batch it gave last)")
+        return self._current
+
+    def _checked(self, batch) -> dict:
+        if not isinstance(batch, dict):
+            raise InvalidRequest(f"a multi-table batch must be a dict of table -> values, got {type(batch).__name__}")
+        return batch
+
+    def _slots(self, current: _Batch, table: str, ids: np.ndarray) -> np.ndarray:
+        """The cache slots of rows `ids` of `table`, which the current batch must name."""
+        part = current.parts.get(table)
+        uniq = part[0] if part is not None else np.empty(0, dtype=np.int64)
+        pos = np.searchsorted(uniq, ids)
+        found = pos < uniq.size
+        found[found] = uniq[pos[found]] == ids[found]
+        if not found.all():
+            raise InvalidRequest(f"table {table!r}: rows {ids[~found][:8].tolist()} are not in the lookahead's "
+                                 f"current batch (it holds only the rows its batches name)")
+        return current.slots[part[1]][pos]
+
+    def _optimizer(self, spec: TableSpec):
+        if spec.name not in self._optimizers:
+            self._optimizers[spec.name] = spec.make_optimizer()
+        return self._optimizers[spec.name]
+
+    # -- tables ----------------------------------------------------------
+    def tables(self) -> dict:
+        """{name: config} of the cluster's tables, as `Client.tables`."""
+        self._open()
+        tables = self._worker.submit("call", lambda client: client.tables()).result(self.timeout)
+        self._learn(tables)
+        return tables
+
+    def _learn(self, tables: dict) -> None:
+        for name, config in tables.items():
+            spec = TableSpec.from_config(config)
+            index = self._specs[name][1] if name in self._specs else len(self._specs)
+            self._specs[name] = (spec, index)
+        self._names = {index: name for name, (_, index) in self._specs.items()}
+
+    def _table(self, table) -> tuple[TableSpec, int]:
+        if not isinstance(table, str):
+            raise InvalidRequest(f"a table is named by a string, got {type(table).__name__}")
+        if table not in self._specs:
+            self.tables()  # created since
+        if table not in self._specs:
+            raise InvalidRequest(f"unknown table {table!r}")
+        spec, index = self._specs[table]
+        if spec.width > self.cache.arena.shape[1]:
+            raise InvalidRequest(f"table {table!r} was created after this lookahead, with wider records "
+                                 f"({spec.width} values) than its cache holds ({self.cache.arena.shape[1]})")
+        return spec, index
+
+    def _name(self, index: int) -> str:
+        return self._names[index]
+
+    # -- write-back, checkpoints, the end ----------------------------------
+    def flush(self) -> None:
+        """Write back every updated cached row and wait: the store then holds every update so far."""
+        self._open()
+        self._write_back(*self.cache.take_dirty())
+        self._drain()
+
+    def checkpoint(self, path: str, **kwargs):
+        """`Client.checkpoint` of the store after writing back the cache, so the checkpoint holds every update
+        so far."""
+        self.flush()
+        return self._worker.submit("call", lambda client: client.checkpoint(path, **kwargs)).result(self.timeout)
+
+    def checkpoint_wait(self, timeout: float | None = None):
+        """`Client.checkpoint_wait`."""
+        self._open()
+        wait = self.timeout if timeout is None else timeout + self.timeout
+        return self._worker.submit("call", lambda client: client.checkpoint_wait(timeout)).result(wait)
+
+    @property
+    def stats(self) -> dict:
+        """Counts so far: batches given, unique rows they named, rows fetched from the store and written back
+        (and their bytes), the hit rate (rows named that were cached already), rows cached and batches ahead."""
+        out = dict(self._counts)
+        out["hit_rate"] = 1 - out["fetched"] / out["rows"] if out["rows"] else 0.0
+        out["cached"], out["ahead"] = len(self.cache), len(self._window)
+        return out
+
+    def close(self) -> None:
+        """Write back every update the cache holds and stop the lookahead's thread (the client stays open)."""
+        if self._closed:
+            return
+        try:
+            self._write_back(*self.cache.take_dirty())
+            self._drain()
+        finally:
+            self._closed = True
+            self._worker.stop(self.timeout)
+
+    def _open(self) -> None:
+        if self._closed:
+            raise Error("the lookahead is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
