@@ -9,12 +9,13 @@ only when no admitted batch holds it, after its last write-back: no read is ever
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import Error, InvalidRequest
 from ..protocol import validate
-from ..storage.optimizers import write_rows
+from ..storage.optimizers import Optimizer, write_rows
 from ..storage.table import TableSpec
 from .cache import RowCache, keys_of, split_keys
 from .worker import Worker
@@ -22,18 +23,39 @@ from .worker import Worker
 TIMEOUT = 300.0  # longest wait for the store (a failover included) before `Unavailable`
 
 
+class _Table(NamedTuple):
+    spec: TableSpec
+    index: int  # in the cache's keys
+    width: int
+    optimizer: Optimizer
+    group: tuple  # tables of one group take one optimizer call together: (dim, width, optimizer config)
+
+
+class _Part(NamedTuple):
+    """One table's rows in a batch: the ids as named (flat), their unique ids, the inverse, where they are
+    among the batch's keys."""
+    ids: np.ndarray
+    uniq: np.ndarray
+    inverse: np.ndarray
+    at: slice
+
+
 class _Batch:
-    """An admitted batch: the user's value, its unique rows as keys and their cache slots."""
+    """An admitted batch: the user's value, its rows by table, its unique rows as keys and their cache slots."""
 
     __slots__ = ("value", "parts", "keys", "slots", "fill", "future")
 
     def __init__(self, value, parts: dict, keys: np.ndarray):
-        self.value, self.parts, self.keys = value, parts, keys  # parts: {table: (unique ids, slice of keys)}
+        self.value, self.parts, self.keys = value, parts, keys
         self.slots = self.fill = self.future = None
 
 
 def _dict_ids(batch) -> dict:
     return batch
+
+
+def _same_ids(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (a.size == b.size and bool((a == b).all()))
 
 
 class Lookahead:
@@ -47,7 +69,12 @@ class Lookahead:
     ends, once `batches` do, with every update written back; `close()` (or leaving a `with` block)
     writes back what an unfinished loop holds. Rows updated and kept in the cache are also written
     back every `sync_every` batches (None: only when they leave the cache), which bounds what a
-    trainer crash loses. The client is used by the lookahead's own thread until `close()`."""
+    trainer crash loses. The client is used by the lookahead's own thread until `close()`.
+
+    Memory: at most `cache_rows` rows are cached; rows that left the cache count against that bound
+    until their write-back is done, so when the batches ahead would need more, fewer are read ahead
+    (the lookahead shrinks, it never writes back early). A sync's copies add to it while they are
+    being written."""
 
     def __init__(self, client, batches, lookahead: int = 8, cache_rows: int = 1 << 20, ids=None,
                  sync_every: int | None = 100, timeout: float = TIMEOUT):
@@ -58,15 +85,14 @@ class Lookahead:
         if ids is not None and not callable(ids):
             raise InvalidRequest(f"ids must be a function batch -> {{table: ids}}, got {type(ids).__name__}")
         self.lookahead, self.sync_every, self.timeout = int(lookahead), sync_every, float(timeout)
-        self._specs: dict[str, tuple[TableSpec, int]] = {}  # table -> (spec, index in the cache's keys)
+        self._tables: dict[str, _Table] = {}
         self._learn(client.tables())
-        self.cache = RowCache(int(cache_rows), max((s.width for s, _ in self._specs.values()), default=1))
+        self.cache = RowCache(int(cache_rows), max((t.width for t in self._tables.values()), default=1))
         self._source, self._ids = iter(batches), ids or _dict_ids
         self._window: deque[_Batch] = deque()  # admitted, not given yet
         self._waiting: _Batch | None = None  # read from `batches`, not admitted yet (no room)
         self._current: _Batch | None = None
         self._exhausted = self._closed = False
-        self._optimizers = {}
         self._counts = dict.fromkeys(("batches", "rows", "fetched", "written", "bytes_read", "bytes_written"), 0)
         self._worker = Worker(client)
 
@@ -132,35 +158,36 @@ class Lookahead:
         if not isinstance(ids, dict):
             raise InvalidRequest(f"a lookahead batch's ids must be a dict {{table: ids}}, got {type(ids).__name__}"
                                  " (pass ids=, a function of the batch, for other batches)")
-        uniq = {}
-        for table, named in ids.items():
-            spec, _ = self._table(table)
-            flat = validate.shaped_ids(table, named, spec.num_rows)[0]
-            uniq[table] = flat if validate.ascending(flat) else np.unique(flat)
+        named = {}
+        for table, given in ids.items():
+            flat = validate.shaped_ids(table, given, self._table(table).spec.num_rows)[0]
+            named[table] = (flat, *np.unique(flat, return_inverse=True))
         parts, keys, at = {}, [], 0
-        for table in sorted(uniq, key=lambda t: self._specs[t][1]):  # keys ascending: tables in index order
-            keys.append(keys_of(self._specs[table][1], uniq[table]))
-            parts[table] = (uniq[table], slice(at, at + uniq[table].size))
-            at += uniq[table].size
+        for table in sorted(named, key=lambda t: self._tables[t].index):  # keys ascending: tables in index order
+            flat, uniq, inverse = named[table]
+            keys.append(keys_of(self._tables[table].index, uniq))
+            parts[table] = _Part(flat, uniq, inverse, slice(at, at + uniq.size))
+            at += uniq.size
         return _Batch(value, parts, np.concatenate(keys) if keys else np.empty(0, dtype=np.int64))
 
     def _finish(self, batch: _Batch) -> None:
         """The batch is done: its rows no batch ahead uses leave the cache, written back if updated."""
-        self._write_back(*self.cache.release(batch.keys))
+        self._write_back(*self.cache.release(batch.keys), held=True)
 
-    def _write_back(self, keys: np.ndarray, records: np.ndarray) -> None:
+    def _write_back(self, keys: np.ndarray, records: np.ndarray, held: bool = False) -> None:
+        """Write records back; `held`: rows that left the cache, counted against its capacity until written."""
         if keys.size:
             payload = {}
             for index, part, ids in split_keys(keys):
                 table = self._name(index)
-                payload[table] = (ids, records[part, : self._specs[table][0].width])
-            self._worker.submit("write", payload, rows=int(keys.size))
+                payload[table] = (ids, records[part, : self._tables[table].width])
+            self._worker.submit("write", payload, rows=int(keys.size) if held else 0)
             self._count_io("written", "bytes_written", {t: ids for t, (ids, _) in payload.items()})
 
     def _count_io(self, rows: str, size: str, payload: dict) -> None:
         for table, ids in payload.items():
             self._counts[rows] += ids.size
-            self._counts[size] += ids.size * self._specs[table][0].width * 4
+            self._counts[size] += ids.size * self._tables[table].width * 4
 
     def _drain(self) -> None:
         """Wait until every task queued so far is done (raising its failure)."""
@@ -173,9 +200,14 @@ class Lookahead:
         current = self._now()
         out = {}
         for table, ids in self._checked(batch).items():
-            spec, _ = self._table(table)
-            flat, shape = validate.shaped_ids(table, ids, spec.num_rows)
-            out[table] = self.cache.arena[self._slots(current, table, flat), : spec.dim].reshape(*shape, spec.dim)
+            t = self._table(table)
+            flat, shape = validate.shaped_ids(table, ids, t.spec.num_rows)
+            part = current.parts.get(table)
+            if part is not None and _same_ids(flat, part.ids):  # each row copied once, then repeated
+                rows = self.cache.arena[current.slots[part.at], : t.spec.dim][part.inverse]
+            else:
+                rows = self.cache.arena[self._slots(current, table, flat), : t.spec.dim]
+            out[table] = rows.reshape(*shape, t.spec.dim)
         return out
 
     def get(self, table: str, ids) -> np.ndarray:
@@ -186,21 +218,36 @@ class Lookahead:
         """{table: (ids, grads)}, as `Client.apply_gradient_many`, applied to the cached rows: every table is
         checked before any is written."""
         current = self._now()
-        work = []
+        groups: dict[tuple, list] = {}
         for table, value in self._checked(batch).items():
             if not (isinstance(value, (tuple, list)) and len(value) == 2):
                 raise InvalidRequest(f"table {table!r}: expected (ids, grads), got {type(value).__name__}")
-            spec, _ = self._table(table)
-            ids, shape = validate.shaped_ids(table, value[0], spec.num_rows)
-            grads = validate.rows(table, value[1], ids.size, spec.dim, "gradients", shape)
-            ids, grads = validate.coalesce(ids, grads)
+            t = self._table(table)
+            ids, shape = validate.shaped_ids(table, value[0], t.spec.num_rows)
+            grads = validate.rows(table, value[1], ids.size, t.spec.dim, "gradients", shape)
+            part = current.parts.get(table)
+            if part is not None and _same_ids(ids, part.ids):  # the batch's ids as named: sum as the client does
+                ids, slots = part.uniq, current.slots[part.at]
+                with np.errstate(over="ignore"):
+                    grads = validate.sum_rows(part.inverse, grads, ids.size)
+            else:  # other ids of the batch (the PyTorch adapter sends each row once)
+                ids, grads = validate.coalesce(ids, grads)
+                slots = self._slots(current, table, ids)
             if not np.isfinite(grads).all():
                 raise InvalidRequest(f"table {table!r}: gradients of duplicate ids sum to a non-finite value")
-            slots = self._slots(current, table, ids)
-            records = self.cache.arena[slots, : spec.width]
-            write_rows(self._optimizer(spec), "apply_gradient", records, grads, spec.dim)
-            validate.finite_result(table, "apply_gradient", ids, records)
-            work.append((slots, spec.width, records))
+            groups.setdefault(t.group, []).append((table, t, ids, slots, grads))
+        work = []
+        for members in groups.values():  # the tables of one optimizer config in one call
+            t = members[0][1]
+            slots = np.concatenate([m[3] for m in members])
+            records = self.cache.arena[slots, : t.width]
+            write_rows(t.optimizer, "apply_gradient", records, np.concatenate([m[4] for m in members]), t.spec.dim)
+            if not np.isfinite(records).all():  # name the table and rows, as a node does
+                at = 0
+                for table, _, ids, table_slots, _ in members:
+                    validate.finite_result(table, "apply_gradient", ids, records[at: at + ids.size])
+                    at += ids.size
+            work.append((slots, t.width, records))
         for slots, width, records in work:
             self.cache.arena[slots, :width] = records
             self.cache.dirty[slots] = True
@@ -228,19 +275,14 @@ class Lookahead:
     def _slots(self, current: _Batch, table: str, ids: np.ndarray) -> np.ndarray:
         """The cache slots of rows `ids` of `table`, which the current batch must name."""
         part = current.parts.get(table)
-        uniq = part[0] if part is not None else np.empty(0, dtype=np.int64)
+        uniq = part.uniq if part is not None else np.empty(0, dtype=np.int64)
         pos = np.searchsorted(uniq, ids)
         found = pos < uniq.size
         found[found] = uniq[pos[found]] == ids[found]
         if not found.all():
             raise InvalidRequest(f"table {table!r}: rows {ids[~found][:8].tolist()} are not in the lookahead's "
                                  f"current batch (it holds only the rows its batches name)")
-        return current.slots[part[1]][pos]
-
-    def _optimizer(self, spec: TableSpec):
-        if spec.name not in self._optimizers:
-            self._optimizers[spec.name] = spec.make_optimizer()
-        return self._optimizers[spec.name]
+        return current.slots[part.at][pos]
 
     # -- tables ----------------------------------------------------------
     def tables(self) -> dict:
@@ -253,22 +295,25 @@ class Lookahead:
     def _learn(self, tables: dict) -> None:
         for name, config in tables.items():
             spec = TableSpec.from_config(config)
-            index = self._specs[name][1] if name in self._specs else len(self._specs)
-            self._specs[name] = (spec, index)
-        self._names = {index: name for name, (_, index) in self._specs.items()}
+            index = self._tables[name].index if name in self._tables else len(self._tables)
+            optimizer = spec.make_optimizer()
+            width = spec.dim + optimizer.state_width(spec.dim)
+            group = (spec.dim, width, tuple(sorted(optimizer.get_config().items())))
+            self._tables[name] = _Table(spec, index, width, optimizer, group)
+        self._names = {t.index: name for name, t in self._tables.items()}
 
-    def _table(self, table) -> tuple[TableSpec, int]:
+    def _table(self, table) -> _Table:
         if not isinstance(table, str):
             raise InvalidRequest(f"a table is named by a string, got {type(table).__name__}")
-        if table not in self._specs:
+        if table not in self._tables:
             self.tables()  # created since
-        if table not in self._specs:
+        if table not in self._tables:
             raise InvalidRequest(f"unknown table {table!r}")
-        spec, index = self._specs[table]
-        if spec.width > self.cache.arena.shape[1]:
+        t = self._tables[table]
+        if t.width > self.cache.arena.shape[1]:
             raise InvalidRequest(f"table {table!r} was created after this lookahead, with wider records "
-                                 f"({spec.width} values) than its cache holds ({self.cache.arena.shape[1]})")
-        return spec, index
+                                 f"({t.width} values) than its cache holds ({self.cache.arena.shape[1]})")
+        return t
 
     def _name(self, index: int) -> str:
         return self._names[index]

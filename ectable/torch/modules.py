@@ -206,6 +206,20 @@ def _bags(features) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor | No
     return keys, values, offsets, weights
 
 
+def jagged_ids(features, tables: dict | None = None) -> dict:
+    """{table: ids} of a jagged batch (`Jagged` or a `KeyedJaggedTensor`): each feature's values, features
+    named by their table or mapped to it by `tables` (feature -> table; features may share a table). What
+    a `Lookahead` over jagged batches takes as `ids`."""
+    keys, values, offsets, _ = _bags(features)
+    tables = tables or {}
+    out: dict[str, list] = {}
+    batch = (offsets.numel() - 1) // len(keys)
+    bounds = offsets[::batch].tolist() if batch else [0] * (len(keys) + 1)
+    for f, key in enumerate(keys):
+        out.setdefault(tables.get(key, key), []).append(values[bounds[f]:bounds[f + 1]])
+    return {table: torch.cat(parts) for table, parts in out.items()}
+
+
 class EmbeddingBagCollection(RemoteModule):
     """Pooled embeddings of several sparse features: `tables` names each feature's table (a list of
     table names, each its own feature, or a dict feature -> table; features may share a table).

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from ..errors import Error, InvalidRequest
+from ..lookahead import Lookahead
 from .lookup import Grad, apply
 from .modules import RemoteModule
 
@@ -34,6 +35,9 @@ class SparseOptimizer:
             raise InvalidRequest(f"modules with apply_in_backward=True apply their own gradients: {in_backward}")
         self.modules = list(found.values())
         self.clients = list({id(m.client): m.client for m in self.modules}.values())
+        if process_group is not None and any(isinstance(c, Lookahead) for c in self.clients):
+            raise InvalidRequest("a Lookahead's cache belongs to one trainer: several trainers would read rows "
+                                 "another one holds updated in its cache")
         if process_group is not None and len(self.clients) > 1:
             raise InvalidRequest("across trainers, a SparseOptimizer's modules must share one client")
         self.group = process_group
