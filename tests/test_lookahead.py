@@ -70,8 +70,8 @@ batch_ids = st.lists(st.integers(0, 1 << 30), max_size=24)
 @given(optimizer=st.sampled_from(["sgd", "adagrad", "rowwise_adagrad"]),
        stream=st.lists(st.tuples(batch_ids, batch_ids, st.booleans()), min_size=1, max_size=12),
        lookahead=st.integers(0, 6), spare=st.integers(0, 40), sync_every=st.none() | st.integers(1, 5),
-       scale=st.floats(0.5, 3.0))
-def test_bit_identical_to_the_plain_loop(pair, optimizer, stream, lookahead, spare, sync_every, scale):
+       group=st.integers(1, 4), scale=st.floats(0.5, 3.0))
+def test_bit_identical_to_the_plain_loop(pair, optimizer, stream, lookahead, spare, sync_every, group, scale):
     tables = _create(pair, optimizer)
     (a, arows), (b, brows) = ((t, TABLES[t[0]][0]) for t in tables)
     batches = [{a: np.array(x, dtype=np.int64) % arows, **({b: np.array(y, dtype=np.int64) % brows} if with_b else {})}
@@ -81,6 +81,7 @@ def test_bit_identical_to_the_plain_loop(pair, optimizer, stream, lookahead, spa
     reads = []
     with Lookahead(pair[1], batches, lookahead=lookahead, cache_rows=max(1, widest + spare),
                    sync_every=sync_every) as la:
+        la._worker.GROUP = group  # write-backs held and sent together: reads meet them
         for n, batch in enumerate(la):
             assert batch is batches[n]
             rows = la.get_many(batch)
@@ -125,8 +126,8 @@ def test_a_small_cache_shrinks_the_lookahead_and_stays_within_capacity(pair):
             assert la.stats["ahead"] <= 1  # a third batch's rows would not fit
     assert most <= 35
     assert _same(_records(pair[0], tables), _records(pair[1], tables))
-    with pytest.raises(InvalidRequest, match="more than cache_rows=10"):
-        next(iter(Lookahead(pair[1], batches, cache_rows=10)))
+    with pytest.raises(InvalidRequest, match="more than cache_rows=10"), Lookahead(pair[1], batches, cache_rows=10) as la:
+        next(la)
     _drop(pair, tables)
 
 
@@ -159,8 +160,12 @@ def test_bad_input_is_refused_and_changes_nothing(pair):
     la.close()
     with pytest.raises(Error, match="closed"):
         next(la)
-    with pytest.raises(InvalidRequest, match="must be a dict"):
-        next(iter(Lookahead(pair[1], [[1, 2]])))
+    with Lookahead(pair[1], [{a: [1]}, [1, 2]]) as bad:
+        assert next(bad) == {a: [1]}  # the batches before a bad one are trained
+        with pytest.raises(InvalidRequest, match="must be a dict"):
+            next(bad)
+        with pytest.raises(StopIteration):
+            next(bad)
     _drop(pair, tables)
 
 

@@ -18,6 +18,7 @@ from ..protocol import validate
 from ..storage.optimizers import Optimizer, write_rows
 from ..storage.table import TableSpec
 from .cache import RowCache, keys_of, split_keys
+from .reader import END, Reader
 from .worker import Worker
 
 TIMEOUT = 300.0  # longest wait for the store (a failover included) before `Unavailable`
@@ -43,11 +44,11 @@ class _Part(NamedTuple):
 class _Batch:
     """An admitted batch: the user's value, its rows by table, its unique rows as keys and their cache slots."""
 
-    __slots__ = ("value", "parts", "keys", "slots", "fill", "future")
+    __slots__ = ("value", "parts", "keys", "slots", "future")
 
     def __init__(self, value, parts: dict, keys: np.ndarray):
         self.value, self.parts, self.keys = value, parts, keys
-        self.slots = self.fill = self.future = None
+        self.slots = self.future = None
 
 
 def _dict_ids(batch) -> dict:
@@ -88,13 +89,15 @@ class Lookahead:
         self._tables: dict[str, _Table] = {}
         self._learn(client.tables())
         self.cache = RowCache(int(cache_rows), max((t.width for t in self._tables.values()), default=1))
-        self._source, self._ids = iter(batches), ids or _dict_ids
+        self._ids = ids or _dict_ids
         self._window: deque[_Batch] = deque()  # admitted, not given yet
         self._waiting: _Batch | None = None  # read from `batches`, not admitted yet (no room)
         self._current: _Batch | None = None
         self._exhausted = self._closed = False
+        self._error: Exception | None = None  # what reading a batch raised, for when the loop reaches it
         self._counts = dict.fromkeys(("batches", "rows", "fetched", "written", "bytes_read", "bytes_written"), 0)
-        self._worker = Worker(client)
+        self._worker = Worker(client, self.cache.arena)
+        self._reader = Reader(iter(batches), self._prepare, self.lookahead + 1)
 
     # -- the loop --------------------------------------------------------
     def __iter__(self):
@@ -107,13 +110,15 @@ class Lookahead:
             self._current = None
         self._admit()
         if not self._window:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
             self.flush()
             raise StopIteration
         batch = self._window.popleft()
         if batch.future is not None:
-            for table, records in batch.future.result(self.timeout).items():
-                self.cache.arena[batch.fill[table], : records.shape[1]] = records
-            batch.future = batch.fill = None
+            batch.future.result(self.timeout)  # its rows are in their slots
+            batch.future = None
         self._current = batch
         self._counts["batches"] += 1
         if self.sync_every is not None and self._counts["batches"] % self.sync_every == 0:
@@ -127,11 +132,15 @@ class Lookahead:
                 if self._exhausted:
                     return
                 try:
-                    value = next(self._source)
-                except StopIteration:
-                    self._exhausted = True
+                    self._waiting = self._reader.take(not self._window, self.timeout)
+                except Exception as exc:  # raised when the loop reaches this batch
+                    self._exhausted, self._error = True, exc
                     return
-                self._waiting = self._prepare(value)
+                if self._waiting is None:
+                    return  # not prepared yet: admitted at the next batch
+                if self._waiting is END:
+                    self._exhausted, self._waiting = True, None
+                    return
             batch = self._waiting
             needed = self.cache.missing(batch.keys)
             if needed > self.cache.free - self._worker.held:
@@ -143,12 +152,11 @@ class Lookahead:
                                          f"{self.cache.capacity}")
             batch.slots, new = self.cache.admit(batch.keys)
             if new.any():
-                batch.fill, payload, fresh = {}, {}, batch.slots[new]
+                payload, slots = {}, batch.slots[new]
                 for index, part, ids in split_keys(batch.keys[new]):
-                    table = self._name(index)
-                    payload[table], batch.fill[table] = ids, fresh[part]
+                    payload[self._name(index)] = (ids, slots[part])
                 batch.future = self._worker.submit("read", payload)
-                self._count_io("fetched", "bytes_read", payload)
+                self._count_io("fetched", "bytes_read", {t: ids for t, (ids, _) in payload.items()})
             self._counts["rows"] += batch.keys.size
             self._window.append(batch)
             self._waiting = None
@@ -204,7 +212,7 @@ class Lookahead:
             flat, shape = validate.shaped_ids(table, ids, t.spec.num_rows)
             part = current.parts.get(table)
             if part is not None and _same_ids(flat, part.ids):  # each row copied once, then repeated
-                rows = self.cache.arena[current.slots[part.at], : t.spec.dim][part.inverse]
+                rows = np.take(self.cache.arena[current.slots[part.at], : t.spec.dim], part.inverse, axis=0)
             else:
                 rows = self.cache.arena[self._slots(current, table, flat), : t.spec.dim]
             out[table] = rows.reshape(*shape, t.spec.dim)
@@ -355,6 +363,7 @@ class Lookahead:
             self._drain()
         finally:
             self._closed = True
+            self._reader.stop()
             self._worker.stop(self.timeout)
 
     def _open(self) -> None:
