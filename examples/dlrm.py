@@ -3,9 +3,12 @@ own `nn.EmbeddingBag`s, and compare them step by step.
 
 The cluster is xor(4,1) on 5 node processes and a spare. With `--kill-at N`, node 2 is SIGKILLed
 before step N: training goes on, the spare takes its place, and the loss curve stays that of the
-torch run (to float32 rounding). `--plot` draws both curves.
+torch run (to float32 rounding). With `--lookahead L`, the ectable run reads its batches through an
+`ectable.Lookahead` (rows of the next L batches prefetched, rows reused within them cached on the
+trainer), which changes no bit of it. `--plot` draws both curves.
 
     python examples/dlrm.py --steps 300 --kill-at 100 --plot dlrm.png
+    python examples/dlrm.py --steps 300 --lookahead 8
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import torch
 
 import ectable
 from ectable.testing import dlrm as D
-from ectable.torch import EmbeddingBagCollection, SparseOptimizer
+from ectable.torch import EmbeddingBagCollection, SparseOptimizer, jagged_ids
 
 ROWS = D.TABLES
 DIM = 16
@@ -35,6 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--kill-at", type=int, help="SIGKILL node 2 before this step")
     p.add_argument("--apply-in-backward", action="store_true",
                    help="send embedding gradients during backward instead of from a SparseOptimizer")
+    p.add_argument("--lookahead", type=int, help="read the ectable run's batches through a Lookahead of this many")
+    p.add_argument("--cache-rows", type=int, default=100_000, help="the lookahead's cache, in rows (default 100000)")
     p.add_argument("--plot", help="draw both loss curves into this PNG (needs matplotlib)")
     p.add_argument("--json", help="write the losses and timings here")
     args = p.parse_args(argv)
@@ -44,7 +49,13 @@ def main(argv=None) -> int:
         for name, rows in ROWS.items():
             client.create_table(name, rows, DIM, optimizer=args.optimizer, lr=args.lr, eps=1e-8)
         weights = {name: client.get(name, np.arange(rows)) for name, rows in ROWS.items()}
-        ebc = EmbeddingBagCollection(client, list(ROWS), apply_in_backward=args.apply_in_backward)
+        batches = list(D.batches(0, args.steps, args.batch, ROWS))
+        feed = batches
+        if args.lookahead is not None:  # the one extra line: the modules and the loop take the lookahead
+            feed = ectable.Lookahead(client, batches, lookahead=args.lookahead, cache_rows=args.cache_rows,
+                                     ids=lambda batch: jagged_ids(batch[1]))
+        ebc = EmbeddingBagCollection(client if feed is batches else feed, list(ROWS),
+                                     apply_in_backward=args.apply_in_backward)
         net = D.model(ebc, list(ROWS), DIM)
         ref = D.model(D.LocalBags(weights), list(ROWS), DIM)
         runs = {"ectable": (net, None if args.apply_in_backward else SparseOptimizer(net)),
@@ -53,13 +64,17 @@ def main(argv=None) -> int:
                  for k, (m, _) in runs.items()}
         losses = {k: [] for k in runs}
         seconds = {k: 0.0 for k in runs}
-        for step, (x, features, y) in enumerate(D.batches(0, args.steps, args.batch, ROWS)):
+        for step, (x, features, y) in enumerate(feed):
             if step == args.kill_at:
                 cluster.kill(2)
             for k, (model, sparse) in runs.items():
                 start = time.perf_counter()
                 losses[k].append(D.train_step(model, dense[k], sparse, x, features, y))
                 seconds[k] += time.perf_counter() - start
+        if feed is not batches:
+            print(f"  lookahead {args.lookahead}: {feed.stats['hit_rate']:.1%} of the rows each batch named were "
+                  f"cached, {feed.stats['fetched'] / args.steps:.0f} rows fetched per batch")
+            feed.close()
         diff = max(np.abs(client.get(t, np.arange(n)) - ref.embeddings.bags[t].weight.detach().numpy()).max()
                    for t, n in ROWS.items())
         client.close()

@@ -226,3 +226,30 @@ def test_row_cache_counts_batches_and_refuses_what_does_not_fit():
     assert keys.tolist() == [5] and records.tolist() == [[5, 5]] and not cache.dirty.any()
     with pytest.raises(KeyError):
         cache.release(np.array([1]))
+
+
+def test_a_dlrm_through_a_lookahead_trains_bit_for_bit_as_without(pair):
+    torch = pytest.importorskip("torch")
+    from ectable.testing import dlrm as D
+    from ectable.torch import EmbeddingBagCollection, SparseOptimizer, jagged_ids
+    rows = {"user": 2000, "item": 500, "hour": 24}
+    made = _create(pair, "rowwise_adagrad", {t: (n, 8) for t, n in rows.items()})
+    names = dict(zip(rows, made))  # feature -> table
+    batches = list(D.batches(3, 25, 64, rows))
+    results = []
+    for client, lookahead in zip(pair, (None, 4)):
+        la = None if lookahead is None else Lookahead(client, batches, lookahead=lookahead,
+                                                      ids=lambda b: jagged_ids(b[1], names))
+        net = D.model(EmbeddingBagCollection(la or client, names), list(rows), 8)
+        opts = (torch.optim.SGD([p for n, p in net.named_parameters() if not n.startswith("embeddings")], lr=0.05),
+                SparseOptimizer(net))
+        losses = [D.train_step(net, *opts, x, features, y) for x, features, y in (la or batches)]
+        if la is not None:
+            assert la.stats["hit_rate"] > 0.3
+            la.close()
+        results.append((losses, _records(client, made)))
+    assert results[0][0] == results[1][0]  # the loss curve, bit for bit
+    assert _same(results[0][1], results[1][1])
+    with pytest.raises(InvalidRequest, match="one trainer"), Lookahead(pair[1], batches) as la:
+        SparseOptimizer(EmbeddingBagCollection(la, names), process_group=object())
+    _drop(pair, made)
