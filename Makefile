@@ -14,6 +14,7 @@ WINDOW_ARGS := --rows 1000000 --scale 0.1
 CREATE_ROWS := 5000000
 CKPT_ARGS := --scale 1.0 --iters 300 --every 100
 TORCH_ARGS := --iters 200 --repeat 3
+LOOKAHEAD_ARGS := --scale 1.0 --iters 200
 else
 SCALE := 0.1
 TRAIN_ARGS := --scale 0.1
@@ -22,6 +23,7 @@ WINDOW_ARGS := --rows 200000 --scale 0.01
 CREATE_ROWS := 1000000
 CKPT_ARGS := --scale 0.1 --iters 200 --every 100
 TORCH_ARGS := --iters 100 --repeat 3
+LOOKAHEAD_ARGS := --scale 0.1 --iters 150
 endif
 
 $(STAMP): setup.cfg pyproject.toml
@@ -60,6 +62,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.checkpoint_accuracy
 	$(PY) -m bench.torch_adapter $(TORCH_ARGS)
 	$(PY) -m bench.torch_adapter $(TORCH_ARGS) --compute-ms 20
+	$(PY) -m bench.lookahead --workload criteo movielens $(LOOKAHEAD_ARGS)
 	$(PY) examples/dlrm.py --steps 300 --kill-at 100 --plot docs/img/dlrm_loss.png --json bench/results/dlrm_example.json
 	$(PY) -m bench.garbage_stream
 	$(PY) -m bench.create_table --rows $(CREATE_ROWS)

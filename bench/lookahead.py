@@ -3,7 +3,10 @@
 For each workload and model step, in one run and interleaved (`--repeat` times, the median counts):
 the plain loop (get_many, model step, apply_gradient_many, step) and `ectable.Lookahead` loops for
 each `--lookahead` L (with `--cache-rows` C) and each extra C at the largest L. Every run has its own
-xor(4,1) cluster of 6 node processes, tables of rowwise Adagrad. Reported per batch: rows the
+xor(4,1) cluster of 6 node processes, tables of rowwise Adagrad. Beside them, the in-process numpy
+loop of `bench.train_loop` with the same model step: the trainer's own work on its rows (gather,
+summing duplicates' gradients, the optimizer step) with no store at all, which is what is left when
+the store's work is hidden entirely. Reported per batch: rows the
 batch names, rows fetched from the store and written back, hit rate, bytes over the wire (rows read
 and written, as records), and iteration time against the plain loop and against the model step
 alone. At the end of every run its tables' touched rows are compared bit for bit with the plain
@@ -21,7 +24,7 @@ import numpy as np
 import ectable
 
 from .common import report
-from .train_loop import create_tables
+from .train_loop import create_tables, numpy_loop
 from .workloads import WORKLOADS, Workload
 
 WARMUP = 3
@@ -75,7 +78,12 @@ def run(work: Workload, compute: float, lookaheads: list[int], caches: list[int]
                   f"{out['seconds']:.2f} s, identical={same}", flush=True)
     timed = len(work.batches) - WARMUP
     plain = float(np.median([s for s, _, _ in results[(None, 0)]]))
-    rows = []
+    floor = float(np.median([numpy_loop(work, compute) for _ in range(repeat)]))
+    rows = [{"workload": work.name, "compute_ms": round(compute * 1000), "L": "numpy, in process", "C": "-",
+             "rows/batch": round(work.unique_per_batch()), "fetched/batch": "-", "written/batch": "-", "hit rate": "-",
+             "KB/batch": "-", "ms/batch": round(floor / timed * 1000, 2), "vs plain": round(plain / floor, 3),
+             "vs model step": round(floor / timed / compute, 3) if compute else "-", "vs numpy": 1.0,
+             "identical": "-"}]
     for (L, C), runs in results.items():
         seconds = float(np.median([s for s, _, _ in runs]))
         stats = runs[-1][1]
@@ -89,7 +97,7 @@ def run(work: Workload, compute: float, lookaheads: list[int], caches: list[int]
                      round(work.unique_per_batch() * (64 + 64 + 1) * 4 / 1024),
                      "ms/batch": round(seconds / timed * 1000, 2), "vs plain": round(plain / seconds, 3),
                      "vs model step": round(seconds / timed / compute, 3) if compute else "-",
-                     "identical": all(same for _, _, same in runs)})
+                     "vs numpy": round(seconds / floor, 3), "identical": all(same for _, _, same in runs)})
     return rows
 
 
@@ -99,8 +107,8 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=0.1)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--compute-ms", type=float, nargs="+", default=[0.0, 20.0])
-    p.add_argument("--lookahead", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--cache-rows", type=int, nargs="+", default=[1 << 20, 50_000],
+    p.add_argument("--lookahead", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--cache-rows", type=int, nargs="+", default=[1 << 20, 20_000],
                    help="the first for every L, the others at the largest L")
     p.add_argument("--repeat", type=int, default=1)
     args = p.parse_args()

@@ -160,12 +160,45 @@ def node_cpu(plt) -> None:
     fig.savefig(IMG / "node_cpu.png", dpi=110)
 
 
+def lookahead(plt) -> None:
+    """Iteration time against the lookahead L, per workload and model step, beside the plain loop, the
+    in-process numpy loop and the model step alone."""
+    data = _load("lookahead")
+    if not data:
+        return
+    rows = [dict(zip(data["columns"], r)) for r in data["rows"]]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.6), squeeze=False)
+    biggest = max(r["C"] for r in rows if isinstance(r["C"], int))
+    for ax, workload in zip(axes[0], workloads):
+        for compute in dict.fromkeys(r["compute_ms"] for r in rows if r["workload"] == workload):
+            mine = [r for r in rows if r["workload"] == workload and r["compute_ms"] == compute]
+            points = sorted((r["L"], r["ms/batch"]) for r in mine if isinstance(r["L"], int) and r["C"] == biggest)
+            line, = ax.plot(*zip(*points), "o-", label=f"lookahead, {compute} ms model step")
+            for r in mine:
+                if r["L"] == "plain":
+                    ax.axhline(r["ms/batch"], color=line.get_color(), ls="--", lw=1, label=f"plain loop, {compute} ms")
+                elif str(r["L"]).startswith("numpy"):
+                    ax.axhline(r["ms/batch"], color=line.get_color(), ls=":", lw=1, label=f"numpy in process, {compute} ms")
+            if compute:
+                ax.axhline(compute, color="k", lw=0.8, label=f"the {compute} ms model step alone")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("lookahead L (batches read ahead)")
+        ax.set_ylabel("ms per batch")
+        ax.set_ylim(bottom=0)
+        ax.set_title(workload, fontsize=10)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(IMG / "lookahead.png", dpi=110)
+
+
 def main() -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     IMG.mkdir(parents=True, exist_ok=True)
-    for plot in (train_loop, node_cpu, recovery_during, recovery_size, recovery_vs_checkpoint, memory_per_node):
+    for plot in (train_loop, node_cpu, recovery_during, recovery_size, recovery_vs_checkpoint, memory_per_node,
+                 lookahead):
         plot(plt)
     print(f"wrote plots to {IMG}")
 

@@ -7,6 +7,7 @@ seeded batches (8 tables, 108,574 rows of dim 16, rowwise Adagrad, batch `--batc
 - torch: `nn.EmbeddingBag`s and the hand-written rowwise Adagrad of the tests, in process;
 - ectable with code "none", and xor(4,1), on 6 node processes, gradients from a `SparseOptimizer`;
 - xor(4,1) with `apply_in_backward=True`;
+- xor(4,1) through an `ectable.Lookahead` of 8 batches (its final write-back timed too);
 - xor(4,1) with node 2 SIGKILLed before the timed iterations (a spare takes over and rebuilds
   while they run).
 `--compute-ms` adds a model step that does not use the trainer's CPU (a GPU's) as the embeddings
@@ -19,6 +20,7 @@ both; the largest difference is reported).
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import numpy as np
@@ -26,14 +28,15 @@ import torch
 
 import ectable
 from ectable.testing import dlrm as D
-from ectable.torch import EmbeddingBagCollection, SparseOptimizer
+from ectable.torch import EmbeddingBagCollection, SparseOptimizer, jagged_ids
 
 from .common import report
 
 ROWS = D.TABLES
 DIM, LR = 16, 0.05
 SETTINGS = [("torch", None, {}), ("ectable none", ("none", 4, 0), {}), ("ectable xor(4,1)", ("xor", 4, 1), {}),
-            ("ectable xor(4,1), apply_in_backward", ("xor", 4, 1), {"apply_in_backward": True})]
+            ("ectable xor(4,1), apply_in_backward", ("xor", 4, 1), {"apply_in_backward": True}),
+            ("ectable xor(4,1), lookahead 8", ("xor", 4, 1), {"lookahead": 8})]
 KILLED = "ectable xor(4,1), node 2 killed"
 WARMUP = 5  # untimed iterations first
 
@@ -41,8 +44,8 @@ WARMUP = 5  # untimed iterations first
 class Run:
     """One setting's model, optimizers and (for ectable) cluster."""
 
-    def __init__(self, name, code, options, weights=None):
-        self.name, self.cluster = name, None
+    def __init__(self, name, code, options, weights=None, batches=()):
+        self.name, self.cluster, self.lookahead = name, None, None
         if code is None:
             self.net = D.model(D.LocalBags(weights), list(ROWS), DIM)
             self.sparse = D.RowwiseAdagrad(list(self.net.embeddings.parameters()), lr=LR, eps=1e-8)
@@ -52,18 +55,27 @@ class Run:
             self.client = self.cluster.connect()
             for table, rows in ROWS.items():
                 self.client.create_table(table, rows, DIM, optimizer="rowwise_adagrad", lr=LR, eps=1e-8)
-            self.net = D.model(EmbeddingBagCollection(self.client, list(ROWS), **options), list(ROWS), DIM)
+            options = dict(options)
+            if "lookahead" in options:
+                self.lookahead = ectable.Lookahead(self.client, batches, lookahead=options.pop("lookahead"),
+                                                   ids=lambda batch: jagged_ids(batch[1]))
+            self.net = D.model(EmbeddingBagCollection(self.lookahead or self.client, list(ROWS), **options),
+                               list(ROWS), DIM)
             self.sparse = None if options.get("apply_in_backward") else SparseOptimizer(self.net)
         self.dense = torch.optim.SGD([p for n, p in self.net.named_parameters() if not n.startswith("embeddings")],
                                      lr=LR)
 
-    def train(self, batches, compute: float) -> float:
-        """Seconds for `batches`, with a model step of `compute` seconds off the trainer's CPU as the
-        embeddings return (where a GPU computes the dense forward and backward passes)."""
+    def train(self, batches, compute: float, last: bool = True) -> float:
+        """Seconds for `batches` (the next ones of a lookahead, which the `last` call closes), with a model
+        step of `compute` seconds off the trainer's CPU as the embeddings return (where a GPU computes the
+        dense forward and backward passes)."""
         hook = self.net.embeddings.register_forward_hook(lambda *_: time.sleep(compute)) if compute else None
         start = time.perf_counter()
-        for x, features, y in batches:
+        feed = batches if self.lookahead is None else itertools.islice(self.lookahead, len(batches))
+        for x, features, y in feed:
             D.train_step(self.net, self.dense, self.sparse, x, features, y)
+        if self.lookahead is not None and last:
+            self.lookahead.close()  # every update written back
         seconds = time.perf_counter() - start
         if hook is not None:
             hook.remove()
@@ -75,6 +87,8 @@ class Run:
         return {t: self.client.get(t, np.arange(n)) for t, n in ROWS.items()}
 
     def close(self) -> None:
+        if self.lookahead is not None:
+            self.lookahead.close()
         if self.cluster is not None:
             self.client.close()
             self.cluster.close()
@@ -101,9 +115,9 @@ def main(argv=None) -> None:
     for _ in range(args.repeat):  # rounds of every setting, each on a cluster of its own (no other running)
         reference = None
         for name, code, options in settings:
-            run = Run(name, code, options, weights)
+            run = Run(name, code, options, weights, batches)
             try:
-                run.train(batches[:WARMUP], compute)
+                run.train(batches[:WARMUP], compute, last=False)
                 if name == KILLED:
                     run.cluster.kill(2)  # a spare takes over and rebuilds while the timed iterations run
                 seconds[name].append(run.train(batches[WARMUP:], compute))
