@@ -69,7 +69,7 @@ batch_ids = st.lists(st.integers(0, 1 << 30), max_size=24)
 
 @given(optimizer=st.sampled_from(["sgd", "adagrad", "rowwise_adagrad"]),
        stream=st.lists(st.tuples(batch_ids, batch_ids, st.booleans()), min_size=1, max_size=12),
-       lookahead=st.integers(0, 6), spare=st.integers(0, 40), sync_every=st.none() | st.integers(1, 5),
+       lookahead=st.integers(0, 12), spare=st.integers(0, 40), sync_every=st.none() | st.integers(1, 5),
        group=st.integers(1, 4), scale=st.floats(0.5, 3.0))
 def test_bit_identical_to_the_plain_loop(pair, optimizer, stream, lookahead, spare, sync_every, group, scale):
     tables = _create(pair, optimizer)
@@ -198,11 +198,14 @@ def test_a_node_killed_during_a_lookahead_run_changes_nothing(pair):
         client = cluster.connect()
         for name, (rows, dim) in tables.items():
             client.create_table(name, rows, dim, optimizer="adagrad", lr=0.1, eps=1e-3)
+        epoch = client.status()["epoch"]
         with Lookahead(client, batches, lookahead=6, cache_rows=3000, sync_every=10) as la:
             for n, batch in enumerate(la):
                 if n == 15:
                     cluster.kill(2)  # SIGKILL, while reads and write-backs are in flight
                 la.apply_gradient_many(_grads(la.get_many(batch), batch, 1.0))
+        client.wait_recovered(60)
+        assert client.status()["epoch"] > epoch  # the spare took position 2
         assert _same(_records(client, tables), _records(pair[0], tables))
         client.close()
     _drop(pair[:1], tables)

@@ -27,3 +27,22 @@ def test_readme_torch_example_runs():
     import pytest
     pytest.importorskip("torch")
     exec(compile(BLOCKS[2], "README.md", "exec"), {})
+
+
+def test_readme_lookahead_example_runs():
+    import numpy as np
+    batches = [{"items": np.array([1, 2, 2, 7 + i])} for i in range(20)]
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, processes=False) as cluster, \
+            ectable.LocalCluster(nodes=3, code="xor", k=2, processes=False) as plain_cluster:
+        client, plain = cluster.connect(), plain_cluster.connect()
+        for c in (client, plain):
+            c.create_table("items", num_rows=1000, dim=8)
+        for batch in batches:  # what the loop does without a lookahead
+            rows = plain.get_many(batch)
+            plain.apply_gradient_many({t: (ids, 0.1 * rows[t]) for t, ids in batch.items()})
+            plain.step()
+        scope = {"client": client, "batches": batches, "ectable": ectable}
+        exec(compile(BLOCKS[3], "README.md", "exec"), scope)
+        assert scope["la"].stats["batches"] == 20
+        ids = np.arange(30)
+        np.testing.assert_array_equal(client.get("items", ids), plain.get("items", ids))

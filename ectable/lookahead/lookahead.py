@@ -126,7 +126,19 @@ class Lookahead:
         return batch.value
 
     def _admit(self) -> None:
-        """Admit batches until `lookahead` + 1 are ahead or the cache has no room for the next one's rows."""
+        """Admit batches until `lookahead` + 1 are ahead or the cache has no room for the next one's rows; once
+        a quarter of the window is free, so that their reads go as one request."""
+        if self._window and len(self._window) > self.lookahead + 1 - max(1, (self.lookahead + 1) // 4):
+            return
+        reads = []
+        try:
+            self._admit_some(reads)
+        finally:
+            futures = self._worker.submit_all("read", [payload for _, payload in reads])
+            for (batch, _), future in zip(reads, futures):
+                batch.future = future
+
+    def _admit_some(self, reads: list) -> None:
         while len(self._window) <= self.lookahead:
             if self._waiting is None:
                 if self._exhausted:
@@ -155,7 +167,7 @@ class Lookahead:
                 payload, slots = {}, batch.slots[new]
                 for index, part, ids in split_keys(batch.keys[new]):
                     payload[self._name(index)] = (ids, slots[part])
-                batch.future = self._worker.submit("read", payload)
+                reads.append((batch, payload))
                 self._count_io("fetched", "bytes_read", {t: ids for t, (ids, _) in payload.items()})
             self._counts["rows"] += batch.keys.size
             self._window.append(batch)
@@ -301,14 +313,16 @@ class Lookahead:
         return tables
 
     def _learn(self, tables: dict) -> None:
+        """Know `tables` ({name: config}); a table keeps its index. The dicts are replaced, never changed,
+        so the reader's thread and the trainer's may both read them."""
+        known = dict(self._tables)
         for name, config in tables.items():
             spec = TableSpec.from_config(config)
-            index = self._tables[name].index if name in self._tables else len(self._tables)
             optimizer = spec.make_optimizer()
             width = spec.dim + optimizer.state_width(spec.dim)
             group = (spec.dim, width, tuple(sorted(optimizer.get_config().items())))
-            self._tables[name] = _Table(spec, index, width, optimizer, group)
-        self._names = {t.index: name for name, t in self._tables.items()}
+            known[name] = _Table(spec, known[name].index if name in known else len(known), width, optimizer, group)
+        self._tables, self._names = known, {t.index: name for name, t in known.items()}
 
     def _table(self, table) -> _Table:
         if not isinstance(table, str):

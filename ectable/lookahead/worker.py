@@ -55,14 +55,18 @@ class Worker:
 
     def submit(self, kind: str, payload, rows: int = 0) -> Future:
         """Queue a task; `rows`: of a write-back, counted in `held` until it is done."""
-        future = Future()
+        return self.submit_all(kind, [payload], rows)[0]
+
+    def submit_all(self, kind: str, payloads: list, rows: int = 0) -> list[Future]:
+        """Queue tasks of one kind at once (reads queued together go as one request); `rows` each."""
+        futures = [Future() for _ in payloads]
         with self._cv:
             if self._stop:
                 raise Error("the lookahead is closed")
-            self.held += rows
-            self._tasks.append((kind, payload, future, rows))
+            self.held += rows * len(payloads)
+            self._tasks.extend((kind, payload, future, rows) for payload, future in zip(payloads, futures))
             self._cv.notify()
-        return future
+        return futures
 
     def stop(self, timeout: float) -> None:
         """Finish the queued tasks, then end the thread."""
