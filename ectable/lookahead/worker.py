@@ -33,12 +33,12 @@ class Future:
 
 
 class Worker:
-    """Runs tasks on `client` in order: "read" {table: (ids, slots)}: the records of rows `ids` into those
-    slots of `arena`; "write" {table: (ids, records)}; "call" fn(client). Neighbouring reads go as one request. Writes are held and sent
-    together (then `step()`), once GROUP of them are held or before a call; a read of rows that held
-    writes carry takes their records from there (the last written), so it never reads the store
-    behind a write. After a failure every later task fails with it: nothing is read past a
-    write-back that did not happen."""
+    """Runs tasks on `client` in order: "read" {table: (ids, slots)} puts the records of rows `ids` into
+    those slots of `arena`; "write" {table: (ids, records)}; "call" fn(client). Neighbouring reads go
+    as one request. Writes are held and sent together (then `step()`) once GROUP of them are held or
+    before a call; a read of rows that held writes carry takes their records from there (the last
+    written), so it never reads the store behind a write. After a failure every later task fails with
+    it: nothing is read past a write-back that did not happen."""
 
     GROUP = 8  # writes held before they go, as one request per node
 
