@@ -168,7 +168,7 @@ def lookahead(plt) -> None:
         return
     rows = [dict(zip(data["columns"], r)) for r in data["rows"]]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4.2), squeeze=False)
     biggest = max(r["C"] for r in rows if isinstance(r["C"], int))
     for ax, workload in zip(axes[0], workloads):
         for compute in dict.fromkeys(r["compute_ms"] for r in rows if r["workload"] == workload):
@@ -187,8 +187,8 @@ def lookahead(plt) -> None:
         ax.set_ylabel("ms per batch")
         ax.set_ylim(bottom=0)
         ax.set_title(workload, fontsize=10)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     fig.savefig(IMG / "lookahead.png", dpi=110)
 
 
