@@ -1,13 +1,19 @@
-"""The `ectable` command: node, decider, up, status, keygen, checkpoint list|inspect, restore, export."""
+"""The `ectable` command: node, decider, up, down, status, keygen, checkpoint list|inspect, restore, export."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import time
 
 from . import config as cluster_config
+from .process.status_view import render  # noqa: F401 - the status table, for scripts and tests
+
+
+class CommandError(Exception):
+    """A command that cannot be done: printed as one line, exit status 1."""
 
 
 def cmd_node(args) -> None:
@@ -48,75 +54,84 @@ def _token(data: dict) -> str | None:
 
 def cmd_up(args) -> None:
     from .process.local import ProcessCluster
+    running = running_pid(args.config)
+    if running is not None:
+        raise CommandError(f"{args.config} describes a running cluster (ectable up, pid {running}): stop it with "
+                           f"`ectable down --config {args.config}`, or name another file with --config")
     cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, keys=args.keys)
-    fd = os.open(args.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(cluster_config.dumps(cluster.describe()))
-    print(f"ectable: {args.nodes} nodes ({args.code}, k={args.k}, r={cluster.config.r}) and {args.spares} spares are up; "
-          f"wrote {args.config}. Ctrl-C stops them.", flush=True)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
+        fd = os.open(args.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(cluster_config.dumps({**cluster.describe(), "up": {"pid": os.getpid()}}))
+        print(f"ectable: {args.nodes} nodes ({args.code}, k={args.k}, r={cluster.config.r}) and {args.spares} spares "
+              f"are up; wrote {args.config}. Ctrl-C or `ectable down --config {args.config}` stops them.", flush=True)
         while not stop:
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass
-    cluster.close()
+    finally:
+        cluster.close()
+        if running_pid(args.config) == os.getpid():
+            os.remove(args.config)  # it describes a cluster that is gone
+
+
+def running_pid(path: str) -> int | None:
+    """The process id of the `ectable up` whose cluster the TOML file at `path` describes, if it runs."""
+    try:
+        pid = cluster_config.load(path).get("up", {}).get("pid")
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            command = f.read().split(b"\0")
+    except (OSError, ValueError, TypeError):
+        return None
+    return int(pid) if b"ectable" in command and b"up" in command else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def cmd_down(args) -> None:
+    pid = running_pid(args.config)
+    if pid is None:
+        raise CommandError(f"{args.config} describes no running cluster (none that `ectable up` started)")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        raise CommandError(f"the cluster of {args.config} (pid {pid}) did not stop within {args.timeout:g} s")
+    print(f"ectable: stopped the cluster of {args.config} (pid {pid})")
 
 
 def cmd_status(args) -> None:
     from .client import connect
+    from .process.status_view import Watch
     client = connect(args.config)
     try:
-        while True:
-            text = render(client.status())
-            if args.watch and sys.stdout.isatty():
-                text = "\x1b[H\x1b[J" + text  # redraw in place
-            print(text, flush=True)
-            if not args.watch:
-                return
-            time.sleep(args.watch)
+        if not args.watch:
+            status = client.status()
+            print(json.dumps(status, default=str) if args.json else render(status))
+            return
+        watch = Watch(client, args.config, args.watch, args.json)
+        try:
+            for frame in watch.frames():
+                if sys.stdout.isatty() and not args.json:
+                    frame = "\x1b[H\x1b[J" + frame  # redraw in place
+                print(frame, flush=True)
+        finally:
+            watch.close()
+        raise SystemExit(1)  # the cluster was stopped (the last frame said so)
     except KeyboardInterrupt:
         pass
     finally:
         client.close()
-
-
-def render(status: dict) -> str:
-    """A readable table of a client's `status()`, with a progress bar while a node rebuilds."""
-    code = status["code"]
-    head = (f"code {code['id']}(k={code['k']}, r={code['r']})  epoch {status.get('epoch', '-')}  "
-            f"tables {len(status['tables'])}  spares {status['spares']}  dirty rows {status['dirty_rows']}  "
-            f"parity lag {status['parity_lag_writes']} writes  degraded {status['degraded'] or '-'}")
-    cols = ["node", "role", "health", "data rows", "parity rows", "dirty", "unacked", "rebuild left", "rejected", "endpoint"]
-    rows = [[n.get("position"), n.get("role"), n.get("health"), n.get("data_rows", "-"), n.get("parity_rows", "-"),
-             n.get("dirty_rows", "-"), n.get("unacked_deltas", "-"), n.get("rebuild_missing", "-"),
-             n.get("rejected", 0) + n.get("malformed", 0) if "rejected" in n else "-", n.get("endpoint", "")]
-            for n in status["nodes"]]
-    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
-    lines = [head, "  ".join(str(c).ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows]
-    for n in status["nodes"]:
-        if n.get("role") == "rebuilding":
-            lines.append(f"node {n['position']} rebuilding " + progress_bar(n["rebuild"]))
-    checkpoint = status.get("checkpoint")
-    if checkpoint:
-        lines.append(f"checkpoint {checkpoint['number']} ({checkpoint['kind']}) writing " + progress_bar(
-            {"done": checkpoint["written"], "left": checkpoint["rows"] - checkpoint["written"]}))
-    if status["degraded"] and not status["spares"]:
-        lines.append(f"nodes {status['degraded']} are down and no spare is left: serving degraded")
-    return "\n".join(lines)
-
-
-def progress_bar(progress: dict, width: int = 30) -> str:
-    """[#####.....]  45%  12,000 / 26,000 rows  3,100 rows/s  ETA 4.5 s"""
-    done, left = progress.get("done", 0), progress.get("left", 0)
-    total = done + left
-    share = done / total if total else 1.0
-    fill = int(round(share * width))
-    eta = progress.get("eta")
-    return (f"[{'#' * fill}{'.' * (width - fill)}] {share:4.0%}  {done:,} / {total:,} rows  "
-            f"{progress.get('rate', 0.0):,.0f} rows/s  ETA {'-' if eta is None else f'{eta:.1f} s'}")
 
 
 def cmd_checkpoint(args) -> None:
@@ -186,7 +201,8 @@ def cmd_keygen(args) -> None:
           f"{args.out}/ (one file per process, keep them secret); `ectable up --keys {args.out}` uses them")
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every subcommand and option, each with its help text."""
     parser = argparse.ArgumentParser(prog="ectable", description="erasure-coded embedding-table storage")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("node", help="run one storage node")
@@ -199,27 +215,36 @@ def main(argv=None) -> None:
     p.add_argument("--config", required=True, help="cluster TOML: [membership] etcd endpoints and prefix, [security]")
     p.add_argument("--parent", type=int, help="exit when this process dies")
     p.set_defaults(fn=cmd_decider)
-    p = sub.add_parser("up", help="start a local cluster and write its TOML")
-    p.add_argument("--nodes", type=int, default=5)
-    p.add_argument("--code", default="xor", choices=["none", "xor", "rs"])
-    p.add_argument("-k", type=int, default=4)
-    p.add_argument("-r", type=int, default=None)
-    p.add_argument("--spares", type=int, default=1)
-    p.add_argument("--config", default="cluster.toml", help="where to write the cluster TOML")
+    p = sub.add_parser("up", help="start a local cluster and write its TOML (until Ctrl-C or `ectable down`)")
+    p.add_argument("--nodes", type=int, default=5, help="active nodes (default 5)")
+    p.add_argument("--code", default="xor", choices=["none", "xor", "rs"],
+                   help="the erasure code: none, xor (r=1) or rs (Reed-Solomon) (default xor)")
+    p.add_argument("-k", type=int, default=4, help="data rows per stripe (default 4)")
+    p.add_argument("-r", type=int, default=None, help="parity rows per stripe (default: 1 for xor, 2 for rs, 0 for none)")
+    p.add_argument("--spares", type=int, default=1, help="spare nodes that take a dead node's place (default 1)")
+    p.add_argument("--config", default="cluster.toml",
+                   help="where to write the cluster TOML (default cluster.toml; refused if it describes a running "
+                        "cluster)")
     p.add_argument("--keys", help="a directory of CURVE keys from `ectable keygen`")
     p.set_defaults(fn=cmd_up)
-    p = sub.add_parser("status", help="print the nodes of a cluster")
-    p.add_argument("--config", default="cluster.toml")
-    p.add_argument("--watch", type=float, nargs="?", const=1.0, default=0.0, help="repeat every N seconds")
+    p = sub.add_parser("down", help="stop a cluster that `ectable up` started")
+    p.add_argument("--config", default="cluster.toml", help="the cluster's TOML (default cluster.toml)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to stop (default 60)")
+    p.set_defaults(fn=cmd_down)
+    p = sub.add_parser("status", help="print the nodes and tables of a cluster")
+    p.add_argument("--config", default="cluster.toml", help="the cluster's TOML (default cluster.toml)")
+    p.add_argument("--watch", type=float, nargs="?", const=1.0, default=0.0, metavar="SECONDS",
+                   help="redraw every SECONDS (default 1) until Ctrl-C or the cluster stops")
+    p.add_argument("--json", action="store_true", help="print the status as JSON (one object per line with --watch)")
     p.set_defaults(fn=cmd_status)
     p = sub.add_parser("keygen", help="make CURVE keys for a cluster: one pair per node, decider and client")
     p.add_argument("--out", default="keys", help="directory to write node-N.toml, decider-N.toml, client-N.toml to")
     p.add_argument("--nodes", type=int, default=16, help="node keys, spares to come included")
-    p.add_argument("--deciders", type=int, default=2)
-    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--deciders", type=int, default=2, help="decider keys (default 2)")
+    p.add_argument("--clients", type=int, default=4, help="client keys (default 4)")
     p.set_defaults(fn=cmd_keygen)
     p = sub.add_parser("checkpoint", help="list the checkpoints of a chain, or inspect one")
-    p.add_argument("action", choices=["list", "inspect"])
+    p.add_argument("action", choices=["list", "inspect"], help="list the chain, or inspect one checkpoint")
     p.add_argument("path", help="the chain's directory or fsspec URL (what client.checkpoint was given)")
     p.add_argument("--number", type=int, help="inspect this checkpoint (default: the last finished one)")
     p.add_argument("--verify", action="store_true", help="inspect: read every piece and check its checksum")
@@ -230,17 +255,30 @@ def main(argv=None) -> None:
     p.add_argument("--number", type=int, help="restore this checkpoint (default: the last finished one)")
     p.set_defaults(fn=cmd_restore)
     p = sub.add_parser("export", help="write a table's rows to a .npy file (ectable.load_rows reads it)")
-    p.add_argument("table")
+    p.add_argument("table", help="the table's name")
     p.add_argument("path", help="the file's path or fsspec URL")
     p.add_argument("--config", default="cluster.toml", help="the cluster's TOML")
     p.add_argument("--state", action="store_true", help="whole records: weights, then optimizer state")
     p.set_defaults(fn=cmd_export)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     from .errors import Error
     try:
         args.fn(args)
-    except Error as exc:
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    except (Error, CommandError, OSError, ValueError) as exc:
         sys.exit(f"ectable {args.command}: {exc}")
+    except Exception as exc:  # a bug: one line still, the traceback on request
+        if os.environ.get("ECTABLE_DEBUG"):
+            raise
+        sys.exit(f"ectable {args.command}: {type(exc).__name__}: {exc} (ECTABLE_DEBUG=1 shows the traceback)")
 
 
 if __name__ == "__main__":

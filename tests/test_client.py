@@ -76,6 +76,28 @@ def test_multi_table_batches(cluster):
     assert not same(before, everything(client))
 
 
+def test_whole_records_read_and_written_for_many_tables(cluster):
+    c, client = cluster
+    client.apply_gradient_many({"items": ([4, 9], np.ones((2, 8))), "users": ([2], np.ones((1, 4)))})
+    records = client.get_many({"items": [[9, 4]], "users": [2, 2]}, records=True)
+    assert records["items"].shape == (1, 2, 9) and records["users"].shape == (2, 8)  # weights, then state
+    assert (records["items"][0, :, 8] > 0).all() and (records["users"][:, 4:] > 0).all()
+    np.testing.assert_array_equal(records["items"][0, :, :8], client.get("items", [9, 4]))
+    before = everything(client)
+    for bad, words in [({"items": ([1], np.zeros((1, 8)))}, "shape (1, 9)"), ({"items": [1]}, "expected (ids, rows)"),
+                       ({"items": ([1], np.zeros((1, 9))), "users": ([1, 1], np.zeros((2, 8)))}, "duplicate id 1"),
+                       ({"items": ([1], np.full((1, 9), np.nan))}, "non-finite")]:
+        with pytest.raises(ectable.InvalidRequest, match=words.replace("(", r"\(").replace(")", r"\)")):
+            client.put_many(bad, records=True)
+    assert same(before, everything(client))
+    client.put_many({"items": ([4], records["items"][0, :1]), "users": ([3], records["users"][:1])}, records=True)
+    after = client.get_many({"items": [4, 9], "users": [3]}, records=True)
+    np.testing.assert_array_equal(after["items"], records["items"][0, [0, 0]])  # row 4 now holds row 9's record
+    np.testing.assert_array_equal(after["users"], records["users"][:1])
+    client.flush()
+    check_parity(c, client)
+
+
 def test_create_table_is_idempotent_and_checked(cluster):
     _, client = cluster
     client.create_table("items", num_rows=1000, dim=8, optimizer="rowwise_adagrad", lr=0.05, seed=1)

@@ -1,4 +1,6 @@
 """Real node processes over ZeroMQ on loopback: the same behaviour, plus what only processes have."""
+import argparse
+import json
 import os
 import signal
 import subprocess
@@ -326,22 +328,56 @@ def test_each_key_may_send_only_what_its_role_sends(tmp_path):
         np.testing.assert_array_equal(client.get("t", np.arange(40)), np.full((40, 2), 2.0, np.float32))
 
 
-def test_up_and_status_from_the_shell(tmp_path):
+def test_up_status_and_down_from_the_shell(tmp_path):
     toml = tmp_path / "c.toml"
-    up = subprocess.Popen([sys.executable, "-m", "ectable", "up", "--nodes", "5", "--code", "xor", "-k", "4",
-                           "--spares", "1", "--config", str(toml)], stdout=subprocess.PIPE, text=True)
+    run = [sys.executable, "-m", "ectable"]
+    up = subprocess.Popen([*run, "up", "--nodes", "5", "--code", "xor", "-k", "4", "--spares", "1", "--config",
+                           str(toml)], stdout=subprocess.PIPE, text=True)
     try:
         line = up.stdout.readline()
         assert "are up" in line and toml.exists()
-        out = subprocess.run([sys.executable, "-m", "ectable", "status", "--config", str(toml)],
-                             capture_output=True, text=True, timeout=60)
+        again = subprocess.run([*run, "up", "--config", str(toml)], capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and again.stderr.count("\n") == 1 and "running cluster" in again.stderr
+        assert f"pid = {up.pid}" in toml.read_text()  # the running cluster's file was left alone
+        with ectable.connect(str(toml)) as client:
+            client.create_table("items", 1000, 8)
+        out = subprocess.run([*run, "status", "--config", str(toml)], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         lines = out.stdout.strip().splitlines()
-        assert lines[0].startswith("code xor(k=4, r=1)") and len(lines) == 2 + 5
-        assert all(" active " in l and " up " in l for l in lines[2:])
+        assert lines[0].startswith("code xor(k=4, r=1)") and " tables 1 " in lines[0]
+        nodes = lines[2:7]
+        assert all(" active " in l and " up " in l and " MiB " in l for l in nodes)
+        assert len({int(l.split()[3]) for l in nodes}) == 5  # five node processes, each its own pid
+        assert lines[-1].split()[:4] == ["items", "1,000", "8", "sgd"]
+        out = subprocess.run([*run, "status", "--config", str(toml), "--json"], capture_output=True, text=True,
+                             timeout=60)
+        status = json.loads(out.stdout)
+        assert [n["health"] for n in status["nodes"]] == ["up"] * 5 and all(n["pid"] > 0 for n in status["nodes"])
+        watch = subprocess.Popen([*run, "status", "--config", str(toml), "--watch", "0.2", "--json"],
+                                 stdout=subprocess.PIPE, text=True)
+        assert "status" in json.loads(watch.stdout.readline())
+        down = subprocess.run([*run, "down", "--config", str(toml)], capture_output=True, text=True, timeout=90)
+        assert down.returncode == 0 and "stopped" in down.stdout, down.stderr
+        assert up.wait(10) == 0 and not toml.exists()
+        frames = [json.loads(line) for line in watch.stdout.read().splitlines()]
+        assert watch.wait(30) == 1 and "the cluster was stopped" in frames[-1]["error"]
     finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(30)
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            up.wait(30)
+    for args in (["down", "--config", str(toml)], ["status", "--config", str(toml)]):  # one line, status 1
+        out = subprocess.run([*run, *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_every_option_has_a_help_text():
+    from ectable.__main__ import build_parser
+    parser = build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = [f"{name} {action.dest}" for name, command in sub.choices.items() for action in command._actions
+               if not action.help]
+    assert not missing
+    assert all(choice.help for choice in sub._choices_actions)
 
 
 def free_ports(n):

@@ -179,6 +179,8 @@ class NodeServer(NodeHost):
             out_header["status"]["endpoint"] = self.endpoint
             out_header["status"]["fault_hits"] = self.fault_hits
             out_header["status"]["rebuild_lost"] = self.rebuilder.lost if self.rebuilder is not None else None
+            out_header["status"]["pid"] = os.getpid()
+            out_header["status"]["rss_bytes"] = resident_bytes()
         try:
             self._reply(identity, {**out_header, "id": rid, "epoch": self.epoch}, out_arrays)
         except (TypeError, ValueError):
@@ -374,3 +376,13 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
         prof.runcall(server.serve)
     finally:
         prof.dump_stats(os.path.join(profile, f"node-{os.getpid()}.prof"))
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux /proc), or None where there is no /proc."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
