@@ -31,7 +31,10 @@ def cmd_node(args) -> None:
         endpoints = data["nodes"]["endpoints"]
         bind = bind or endpoints[args.id]
         map_header = {"op": "map", "position": args.id, "config": data["cluster"], "endpoints": endpoints, "dead": []}
-    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data), data.get("membership"))
+    metrics = args.metrics_port
+    if metrics is None and "port" in data.get("metrics", {}):  # one port per node: the file's, plus its position
+        metrics = int(data["metrics"]["port"]) + (args.id or 0)
+    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data), data.get("membership"), metrics)
 
 
 def cmd_decider(args) -> None:
@@ -58,7 +61,8 @@ def cmd_up(args) -> None:
     if running is not None:
         raise CommandError(f"{args.config} describes a running cluster (ectable up, pid {running}): stop it with "
                            f"`ectable down --config {args.config}`, or name another file with --config")
-    cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, keys=args.keys)
+    cluster = ProcessCluster(nodes=args.nodes, code=args.code, k=args.k, r=args.r, spares=args.spares, keys=args.keys,
+                             metrics_port=args.metrics_port)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
@@ -210,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", type=int, help="this node's position in [nodes] endpoints")
     p.add_argument("--bind", help="endpoint to listen on (default: from the config, else tcp://127.0.0.1:0)")
     p.add_argument("--parent", type=int, help="exit when this process dies")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port of 127.0.0.1 (default: "
+                   "the cluster file's [metrics] port plus --id, if it has one; else none)")
     p.set_defaults(fn=cmd_node)
     p = sub.add_parser("decider", help="run a failover decider (run two or more: they elect one through etcd)")
     p.add_argument("--config", required=True, help="cluster TOML: [membership] etcd endpoints and prefix, [security]")
@@ -226,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to write the cluster TOML (default cluster.toml; refused if it describes a running "
                         "cluster)")
     p.add_argument("--keys", help="a directory of CURVE keys from `ectable keygen`")
+    p.add_argument("--metrics-port", type=int, help="serve each node's Prometheus metrics on 127.0.0.1, from this "
+                   "port up: one port per node and spare, in order (default: no metrics)")
     p.set_defaults(fn=cmd_up)
     p = sub.add_parser("down", help="stop a cluster that `ectable up` started")
     p.add_argument("--config", default="cluster.toml", help="the cluster's TOML (default cluster.toml)")

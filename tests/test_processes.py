@@ -528,3 +528,60 @@ def test_many_failovers_do_not_exhaust_sockets():
             thread.join(10)
             decider.control.close()
             context.term()
+
+
+def _scrape(port: int) -> dict:
+    """{metric (with labels): value} of a node's /metrics."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def free_range(n: int) -> int:
+    """The first of `n` consecutive free TCP ports of 127.0.0.1."""
+    import random
+    import socket
+    for _ in range(100):
+        base, socks = random.randrange(20000, 60000 - n), []
+        try:
+            for port in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def test_nodes_serve_prometheus_metrics():
+    base = free_range(4)
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, spares=1, processes=True, metrics_port=base,
+                              window_seconds=0.05) as c:
+        assert sorted(c.metrics.values()) == [base, base + 1, base + 2, base + 3]  # nodes and the spare
+        assert c.describe()["metrics"]["ports"] == list(c.metrics.values())
+        client = c.connect()
+        client.create_table("t", 3000, 4)
+        client.put("t", np.arange(3000), np.ones((3000, 4)))
+        client.get("t", np.arange(100))
+        client.flush()
+        ports = [c.metrics[e] for e in c._map.endpoints]
+        assert [n["metrics_port"] for n in client.status()["nodes"]] == ports
+        deadline = time.monotonic() + 30
+        while True:  # the gauges follow the nodes' status about once a second
+            scraped = [_scrape(port) for port in ports]
+            if all(m.get("ectable_data_rows") == 1000 and m.get("ectable_parity_rows") == 500 for m in scraped) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for m in scraped:
+            assert m["ectable_data_rows"] == 1000 and m["ectable_parity_rows"] == 500 and m["ectable_tables"] == 1
+            assert m['ectable_requests_total{op="write"}'] >= 1 and m["ectable_rebuilding"] == 0
+            assert m["ectable_resident_bytes"] > 1 << 20 and m["ectable_dirty_rows"] == 0
+        assert sum(m["ectable_rows_written_total"] for m in scraped) == 3000
+        assert sum(m["ectable_rows_read_total"] for m in scraped) >= 100
+        client.close()

@@ -265,8 +265,10 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
     or True for keys made here (with SPARE_KEYS node keys to spare, for spares added later)."""
 
     def __init__(self, *args, keys: str | bool | None = None, etcd: list[str] | None = None, deciders: int = 2,
-                 **kwargs):
+                 metrics_port: int | None = None, **kwargs):
         LocalCluster.__init__(self, *args, **kwargs)
+        self._metrics_port = metrics_port  # the next node process's Prometheus port (None: no metrics)
+        self.metrics: dict[str, int] = {}  # node endpoint -> its metrics port
         self._token = secrets.token_hex(16)  # only this cluster's deciders may re-map, fault or stop its nodes
         self._procs: dict[str, subprocess.Popen] = {}  # endpoint (or decider name) -> the process serving it
         self._deciders: list[str] = []
@@ -296,11 +298,18 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
             raise
 
     def _spawn_nodes(self, count: int) -> list[str]:
-        return self._spawn_role("node", ["node", "--bind", "tcp://127.0.0.1:0"], count)
+        if self._metrics_port is None:
+            return self._spawn_role("node", ["node", "--bind", "tcp://127.0.0.1:0"], count)
+        ports = list(range(self._metrics_port, self._metrics_port + count))
+        self._metrics_port += count
+        endpoints = self._spawn_role("node", ["node", "--bind", "tcp://127.0.0.1:0"], count,
+                                     [["--metrics-port", str(port)] for port in ports])
+        self.metrics.update(zip(endpoints, ports))
+        return endpoints
 
-    def _spawn_role(self, role: str, command: list[str], count: int) -> list[str]:
-        """Start `count` processes of `ectable COMMAND`, each with a TOML naming the store and, with keys, its
-        own key of `role` (used up: no two processes share one)."""
+    def _spawn_role(self, role: str, command: list[str], count: int, extra: list[list[str]] | None = None) -> list[str]:
+        """Start `count` processes of `ectable COMMAND` (the n-th with arguments `extra[n]` more), each with a
+        TOML naming the store and, with keys, its own key of `role` (used up: no two processes share one)."""
         with contextlib.ExitStack() as files:
             paths = []
             for _ in range(count):
@@ -311,7 +320,8 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
                         raise Error(f"no {role} key left for another {role}: make more with `ectable keygen --{role}s`")
                     data["security"] = self._keys.pop(name)
                 paths.append(files.enter_context(_secret_toml(data)))
-            return self._spawn([[*command, "--config", path] for path in paths])
+            return self._spawn([[*command, "--config", path, *(extra[n] if extra else [])]
+                                for n, path in enumerate(paths)])
 
     def inject(self, i: int, fault: str, value: float = 1.0) -> None:
         """Arm a fault in active node i: die_before_deltas, die_after_write (SIGKILL at that point),
@@ -380,6 +390,8 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
                 "nodes": {"endpoints": self.endpoints}}
         if self.curve:
             data["security"] = self.curve
+        if self.metrics:
+            data["metrics"] = {"endpoints": list(self.metrics), "ports": list(self.metrics.values())}
         return data
 
     # -- processes ---------------------------------------------------------

@@ -19,6 +19,7 @@ import traceback
 import zmq
 
 from ..cluster.store import open_store
+from .metrics import NodeMetrics
 from ..membership import LeaseNotFound, MembershipUnavailable
 from ..protocol import messages
 from ..protocol.messages import ErrorCode
@@ -34,6 +35,8 @@ TICK = 0.02
 FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas", "hold_deltas_to"}
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
 
+METRICS_EVERY = 1.0  # seconds between updates of the metrics' gauges
+
 
 class NodeServer(NodeHost):
     """A node process: the node behind a ROUTER socket, delta delivery to peers with resends until
@@ -42,7 +45,7 @@ class NodeServer(NodeHost):
     late_writers = True  # the trainer waits for the snapshot's answer, not for the writing
 
     def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None, token: str | None = None,
-                 membership: dict | None = None):
+                 membership: dict | None = None, metrics: int | None = None):
         self.context = zmq.Context()
         self.parent = parent
         self.auth = start_authenticator(self.context, curve)
@@ -62,6 +65,8 @@ class NodeServer(NodeHost):
         self.last_request = 0.0
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
+        self.metrics = None if metrics is None else NodeMetrics(metrics)  # Prometheus, on this port
+        self.metrics_at = 0.0
 
     # -- control ---------------------------------------------------------
     def control(self, msg) -> tuple[dict, list]:
@@ -146,6 +151,7 @@ class NodeServer(NodeHost):
                 if self.node is not None and self.node.replay_from is not None and self.presence.writers is not None:
                     self.node.keep_replayers(self.presence.writers)
             self.rebuild()
+            self.measure()
             if busy and self.node is not None and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing
                 if self.node.close_pending:
                     self.node.close_window()
@@ -155,6 +161,15 @@ class NodeServer(NodeHost):
             if self.parent and os.getppid() != self.parent:
                 break  # the process that started us is gone: never outlive it
         self.close()
+
+    def measure(self) -> None:
+        """Set the metrics' gauges from the node's status, about once a second."""
+        now = time.monotonic()
+        if self.metrics is not None and self.node is not None and now - self.metrics_at >= METRICS_EVERY:
+            self.metrics_at = now
+            node = self.node
+            age = node.clock() - node.window_opened if node.write_seq != node.closed_upto else 0.0
+            self.metrics.update({**node.status(), "rss_bytes": resident_bytes()}, age)
 
     def answer(self, frames) -> None:
         identity, body = frames[0], frames[1:]
@@ -181,6 +196,9 @@ class NodeServer(NodeHost):
             out_header["status"]["rebuild_lost"] = self.rebuilder.lost if self.rebuilder is not None else None
             out_header["status"]["pid"] = os.getpid()
             out_header["status"]["rss_bytes"] = resident_bytes()
+            out_header["status"]["metrics_port"] = self.metrics.port if self.metrics is not None else None
+        if self.metrics is not None and isinstance(header.get("op"), str):
+            self.metrics.answered(header["op"], *_rows_of(header["op"], arrays, out_header))
         try:
             self._reply(identity, {**out_header, "id": rid, "epoch": self.epoch}, out_arrays)
         except (TypeError, ValueError):
@@ -269,6 +287,8 @@ class NodeServer(NodeHost):
         self.router.close(0)
         if self.auth is not None:
             self.auth.stop()
+        if self.metrics is not None:
+            self.metrics.close()
         self.context.term()
 
 
@@ -342,7 +362,7 @@ def is_loopback(endpoint: str) -> bool:
 
 
 def run(bind: str, curve: dict | None = None, parent: int | None = None, map_header: dict | None = None,
-        token: str | None = None, membership: dict | None = None) -> None:
+        token: str | None = None, membership: dict | None = None, metrics: int | None = None) -> None:
     """Serve until told to shut down; prints `READY <endpoint>` once listening. Without CURVE keys it listens
     on loopback only (anyone who can reach the port could otherwise write to the node)."""
     if not curve and not is_loopback(bind):
@@ -353,7 +373,7 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
         die_with_parent(parent)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where the node is
-    server = NodeServer(bind, curve, parent, token, membership)
+    server = NodeServer(bind, curve, parent, token, membership, metrics)
     if membership is not None:
         server.presence = _Presence(server)
         server.presence.announce()
@@ -376,6 +396,17 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
         prof.runcall(server.serve)
     finally:
         prof.dump_stats(os.path.join(profile, f"node-{os.getpid()}.prof"))
+
+
+def _rows_of(op: str, arrays: list, reply: dict) -> tuple[int, int]:
+    """(rows read, rows written) by a request that succeeded: the sizes of its ids arrays."""
+    if "error" in reply:
+        return 0, 0
+    if op == "get_many":
+        return sum(getattr(a, "size", 0) for a in arrays), 0
+    if op == "write":
+        return 0, sum(getattr(a, "size", 0) for a in arrays[0::2])
+    return 0, 0
 
 
 def resident_bytes() -> int | None:
