@@ -89,7 +89,8 @@ def running_pid(path: str) -> int | None:
             command = f.read().split(b"\0")
     except (OSError, ValueError, TypeError):
         return None
-    return int(pid) if b"ectable" in command and b"up" in command else None
+    started_by_up = any(part.endswith(b"ectable") for part in command) and b"up" in command  # -m ectable, or the script
+    return int(pid) if started_by_up else None
 
 
 def _alive(pid: int) -> bool:
