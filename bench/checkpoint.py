@@ -26,7 +26,7 @@ import ectable
 from ectable.checkpoint.history import Chain
 
 from .common import report
-from .train_loop import WARMUP, create_tables
+from .train_loop import WARMUP, create_tables, iteration
 from .workloads import DIM, WORKLOADS, Workload
 
 SETTINGS = [  # (name, policy, bits, adaptive)
@@ -53,10 +53,7 @@ def loop(work: Workload, compute: float, every: int, setting: tuple | None, dire
         for n, batch in enumerate(work.batches):
             if n == WARMUP:
                 start = time.perf_counter()
-            client.get_many(batch)
-            time.sleep(compute)  # the model's forward and backward pass, on an accelerator
-            client.apply_gradient_many(work.gradients(batch))
-            client.step()
+            iteration(client, work, batch, compute)
             if setting and n >= WARMUP and (n - WARMUP) % every == every - 1:
                 _, policy, bits, adaptive = setting
                 began = time.perf_counter()

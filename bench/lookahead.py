@@ -24,7 +24,7 @@ import numpy as np
 import ectable
 
 from .common import report
-from .train_loop import create_tables, numpy_loop
+from .train_loop import create_tables, iteration, numpy_loop
 from .workloads import WORKLOADS, Workload
 
 WARMUP = 3
@@ -45,10 +45,7 @@ def one_run(work: Workload, compute: float, lookahead: int | None, cache_rows: i
         for n, batch in enumerate(feed):
             if n == WARMUP:
                 start = time.perf_counter()
-            api.get_many(batch)
-            time.sleep(compute)  # the model's forward and backward pass, on an accelerator
-            api.apply_gradient_many(work.gradients(batch))
-            api.step()
+            iteration(api, work, batch, compute)
         stats = None
         if la is not None:
             stats = la.stats  # the iteration's end wrote everything back

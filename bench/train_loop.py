@@ -80,6 +80,15 @@ def create_tables(client, work: Workload, init: str = "zeros") -> None:
         client.create_table(t, num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", init=init)
 
 
+def iteration(api, work: Workload, batch: dict, compute: float) -> None:
+    """One training iteration through `api` (a client, or anything with its verbs): read the batch's rows,
+    a model step of `compute` seconds off the trainer's CPU, apply the gradients, step."""
+    api.get_many(batch)
+    time.sleep(compute)  # the model's forward and backward pass, on an accelerator
+    api.apply_gradient_many(work.gradients(batch))
+    api.step()
+
+
 def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processes: bool, compute: float = 0.0,
                  options: dict | None = None) -> tuple[float, float, float]:
     """(seconds, node CPU seconds, trainer CPU seconds) of the timed iterations on a cluster: get_many, model
@@ -93,10 +102,7 @@ def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processe
         for n, batch in enumerate(work.batches):
             if n == WARMUP:
                 start, nodes_cpu, trainer_cpu = time.perf_counter(), cpu_seconds(pids), time.process_time()
-            client.get_many(batch)
-            time.sleep(compute)  # the model's forward and backward pass, on an accelerator
-            client.apply_gradient_many(work.gradients(batch))
-            client.step()
+            iteration(client, work, batch, compute)
         client.flush()
         return (time.perf_counter() - start, cpu_seconds(pids) - nodes_cpu, time.process_time() - trainer_cpu)
 

@@ -299,12 +299,11 @@ class Client:
         them with `records`) are assigned."""
         checked = {}
         for table, value in self._check_many(batch).items():
-            if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                raise InvalidRequest(f"table {table!r}: expected (ids, rows), got {type(value).__name__}")
+            ids, rows = validate.pair(table, value, "rows")
             spec, _ = self._table(table)
-            ids, shape = validate.shaped_ids(table, value[0], spec.num_rows)
+            ids, shape = validate.shaped_ids(table, ids, spec.num_rows)
             validate.unique(table, ids)
-            rows = validate.rows(table, value[1], ids.size, spec.width if records else spec.dim,
+            rows = validate.rows(table, rows, ids.size, spec.width if records else spec.dim,
                                  "records" if records else "rows", shape)
             checked[table] = ("records" if records else "put", ids, rows)
         self._write(checked)
@@ -321,9 +320,7 @@ class Client:
         """{table: (ids, grads)}: every table is checked before any is written; one request per node."""
         checked = {}
         for table, value in self._check_many(batch).items():
-            if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                raise InvalidRequest(f"table {table!r}: expected (ids, grads), got {type(value).__name__}")
-            checked[table] = ("apply_gradient", *self._gradients(table, *value))
+            checked[table] = ("apply_gradient", *self._gradients(table, *validate.pair(table, value, "grads")))
         self._write(checked)
 
     def _gradients(self, table, ids, grads):
@@ -331,9 +328,7 @@ class Client:
         ids, shape = validate.shaped_ids(table, ids, spec.num_rows)
         grads = validate.rows(table, grads, ids.size, spec.dim, "gradients", shape)
         ids, grads = validate.coalesce(ids, grads)
-        if not np.isfinite(grads).all():
-            raise InvalidRequest(f"table {table!r}: gradients of duplicate ids sum to a non-finite value")
-        return ids, grads
+        return ids, validate.finite_sums(table, grads)
 
     def _check_many(self, batch):
         if not isinstance(batch, dict):

@@ -55,19 +55,16 @@ class RowCache:
     def free(self) -> int:
         return self._top
 
-    def missing(self, keys: np.ndarray) -> int:
-        """How many of sorted unique `keys` are not cached."""
-        return int(keys.size - self._found(keys)[1].sum())
-
-    def admit(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def admit(self, keys: np.ndarray, room: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Count one more batch on sorted unique `keys`, adding those not cached: (slot of each key, mask of
-        the keys added, whose records the caller must fill). `CacheFull`, and nothing changes, if they do
-        not fit."""
+        the keys added, whose records the caller must fill). `CacheFull`, and nothing changes, if more than
+        `room` (default: every free slot) would be added."""
         pos, hit = self._found(keys)
         new = ~hit
         added = int(new.sum())
-        if added > self._top:
-            raise CacheFull(added, self._top)
+        room = self._top if room is None else min(room, self._top)
+        if added > room:
+            raise CacheFull(added, room)
         self.refs[pos[hit]] += 1
         slots = np.empty(keys.size, dtype=np.int64)
         slots[hit] = self.slots[pos[hit]]

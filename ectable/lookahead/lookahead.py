@@ -17,7 +17,7 @@ from ..errors import Error, InvalidRequest
 from ..protocol import validate
 from ..storage.optimizers import Optimizer, write_rows
 from ..storage.table import TableSpec
-from .cache import RowCache, keys_of, split_keys
+from .cache import CacheFull, RowCache, keys_of, split_keys
 from .reader import END, Reader
 from .worker import Worker
 
@@ -154,19 +154,21 @@ class Lookahead:
                     self._exhausted, self._waiting = True, None
                     return
             batch = self._waiting
-            needed = self.cache.missing(batch.keys)
-            if needed > self.cache.free - self._worker.held:
+            try:  # rows whose write-back is in flight count against the cache's capacity
+                batch.slots, new = self.cache.admit(batch.keys, self.cache.free - self._worker.held)
+            except CacheFull:
                 if self._window:
                     return  # the batches ahead free slots as they are done
                 self._drain()  # only write-backs in flight hold slots
-                if needed > self.cache.free:
+                try:
+                    batch.slots, new = self.cache.admit(batch.keys)
+                except CacheFull:
                     raise InvalidRequest(f"a batch names {batch.keys.size} unique rows, more than cache_rows="
-                                         f"{self.cache.capacity}")
-            batch.slots, new = self.cache.admit(batch.keys)
+                                         f"{self.cache.capacity}") from None
             if new.any():
                 payload, slots = {}, batch.slots[new]
                 for index, part, ids in split_keys(batch.keys[new]):
-                    payload[self._name(index)] = (ids, slots[part])
+                    payload[self._names[index]] = (ids, slots[part])
                 reads.append((batch, payload))
                 self._count_io("fetched", "bytes_read", {t: ids for t, (ids, _) in payload.items()})
             self._counts["rows"] += batch.keys.size
@@ -199,7 +201,7 @@ class Lookahead:
         if keys.size:
             payload = {}
             for index, part, ids in split_keys(keys):
-                table = self._name(index)
+                table = self._names[index]
                 payload[table] = (ids, records[part, : self._tables[table].width])
             self._worker.submit("write", payload, rows=int(keys.size) if held else 0)
             self._count_io("written", "bytes_written", {t: ids for t, (ids, _) in payload.items()})
@@ -240,11 +242,10 @@ class Lookahead:
         current = self._now()
         groups: dict[tuple, list] = {}
         for table, value in self._checked(batch).items():
-            if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                raise InvalidRequest(f"table {table!r}: expected (ids, grads), got {type(value).__name__}")
+            ids, grads = validate.pair(table, value, "grads")
             t = self._table(table)
-            ids, shape = validate.shaped_ids(table, value[0], t.spec.num_rows)
-            grads = validate.rows(table, value[1], ids.size, t.spec.dim, "gradients", shape)
+            ids, shape = validate.shaped_ids(table, ids, t.spec.num_rows)
+            grads = validate.rows(table, grads, ids.size, t.spec.dim, "gradients", shape)
             part = current.parts.get(table)
             if part is not None and _same_ids(ids, part.ids):  # the batch's ids as named: sum as the client does
                 ids, slots = part.uniq, current.slots[part.at]
@@ -253,9 +254,7 @@ class Lookahead:
             else:  # other ids of the batch (the PyTorch adapter sends each row once)
                 ids, grads = validate.coalesce(ids, grads)
                 slots = self._slots(current, table, ids)
-            if not np.isfinite(grads).all():
-                raise InvalidRequest(f"table {table!r}: gradients of duplicate ids sum to a non-finite value")
-            groups.setdefault(t.group, []).append((table, t, ids, slots, grads))
+            groups.setdefault(t.group, []).append((table, t, ids, slots, validate.finite_sums(table, grads)))
         work = []
         for members in groups.values():  # the tables of one optimizer config in one call
             t = members[0][1]
@@ -264,7 +263,7 @@ class Lookahead:
             write_rows(t.optimizer, "apply_gradient", records, np.concatenate([m[4] for m in members]), t.spec.dim)
             if not np.isfinite(records).all():  # name the table and rows, as a node does
                 at = 0
-                for table, _, ids, table_slots, _ in members:
+                for table, _, ids, _, _ in members:
                     validate.finite_result(table, "apply_gradient", ids, records[at: at + ids.size])
                     at += ids.size
             work.append((slots, t.width, records))
@@ -318,10 +317,9 @@ class Lookahead:
         known = dict(self._tables)
         for name, config in tables.items():
             spec = TableSpec.from_config(config)
-            optimizer = spec.make_optimizer()
-            width = spec.dim + optimizer.state_width(spec.dim)
-            group = (spec.dim, width, tuple(sorted(optimizer.get_config().items())))
-            known[name] = _Table(spec, known[name].index if name in known else len(known), width, optimizer, group)
+            group = (spec.dim, spec.width, tuple(sorted(spec.optimizer.items())))
+            known[name] = _Table(spec, known[name].index if name in known else len(known), spec.width,
+                                 spec.make_optimizer(), group)
         self._tables, self._names = known, {t.index: name for name, t in known.items()}
 
     def _table(self, table) -> _Table:
@@ -336,9 +334,6 @@ class Lookahead:
             raise InvalidRequest(f"table {table!r} was created after this lookahead, with wider records "
                                  f"({t.width} values) than its cache holds ({self.cache.arena.shape[1]})")
         return t
-
-    def _name(self, index: int) -> str:
-        return self._names[index]
 
     # -- write-back, checkpoints, the end ----------------------------------
     def flush(self) -> None:
@@ -373,8 +368,7 @@ class Lookahead:
         if self._closed:
             return
         try:
-            self._write_back(*self.cache.take_dirty())
-            self._drain()
+            self.flush()
         finally:
             self._closed = True
             self._reader.stop()

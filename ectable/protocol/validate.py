@@ -75,6 +75,20 @@ def rows(table: str, value, n: int, dim: int, what: str = "rows", ids_shape: tup
     return arr
 
 
+def pair(table: str, value, what: str) -> tuple:
+    """A multi-table write's value for `table`: (ids, `what`)."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        raise InvalidRequest(f"table {table!r}: expected (ids, {what}), got {type(value).__name__}")
+    return value
+
+
+def finite_sums(table: str, grads: np.ndarray) -> np.ndarray:
+    """`grads`, once the gradients of duplicate ids are summed; refused if a sum overflowed."""
+    if not np.isfinite(grads).all():
+        raise InvalidRequest(f"table {table!r}: gradients of duplicate ids sum to a non-finite value")
+    return grads
+
+
 def coalesce(arr: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique ids (ascending) and their gradients summed in order of appearance."""
     if ascending(arr):  # unique already (a caller that took np.unique itself): nothing to sum

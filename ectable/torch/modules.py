@@ -212,12 +212,18 @@ def jagged_ids(features, tables: dict | None = None) -> dict:
     a `Lookahead` over jagged batches takes as `ids`."""
     keys, values, offsets, _ = _bags(features)
     tables = tables or {}
-    out: dict[str, list] = {}
+    return _by_table(keys, values, offsets, {key: tables.get(key, key) for key in keys})[1]
+
+
+def _by_table(keys: list, values: torch.Tensor, offsets: torch.Tensor, tables: dict) -> tuple[list, dict]:
+    """(where each feature's values begin, and the end; {table: the values of its features, one after the
+    other}) of a checked jagged batch whose features read `tables` (feature -> table)."""
     batch = (offsets.numel() - 1) // len(keys)
-    bounds = offsets[::batch].tolist() if batch else [0] * (len(keys) + 1)
+    starts = offsets[::batch].tolist() if batch else [0] * (len(keys) + 1)
+    ids: dict[str, list] = {}
     for f, key in enumerate(keys):
-        out.setdefault(tables.get(key, key), []).append(values[bounds[f]:bounds[f + 1]])
-    return {table: torch.cat(parts) for table, parts in out.items()}
+        ids.setdefault(tables[key], []).append(values[starts[f]:starts[f + 1]])
+    return starts, {table: torch.cat(parts) for table, parts in ids.items()}
 
 
 class EmbeddingBagCollection(RemoteModule):
@@ -247,11 +253,8 @@ class EmbeddingBagCollection(RemoteModule):
         batch = (offsets.numel() - 1) // len(keys)
         if batch == 0:
             return {key: torch.empty((0, self.dims[key]), device=self.device) for key in keys}
-        starts = offsets[::batch].tolist()  # where each feature's values begin, and the end
-        ids: dict[str, list] = {}
-        for f, key in enumerate(keys):
-            ids.setdefault(self.tables[key], []).append(values[starts[f]:starts[f + 1]])
-        rows = self._rows({table: torch.cat(parts) for table, parts in ids.items()})
+        starts, ids = _by_table(keys, values, offsets, self.tables)
+        rows = self._rows(ids)
         out, used = {}, {table: 0 for table in ids}
         for f, key in enumerate(keys):
             table = self.tables[key]
