@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench sim clean
+.PHONY: test demo bench sim walkthrough clean
 
 # make bench: about 7 minutes on 2 cores; make bench FULL=1: the full sizes (about 16 minutes)
 ifeq ($(FULL),1)
@@ -43,6 +43,10 @@ test: $(STAMP)
 SEEDS ?= 1000
 sim: $(STAMP)
 	$(PY) -m ectable.testing.sim --seeds 0:$(SEEDS)
+
+# the three-host walk-through on network namespaces (root), written to docs/walkthrough.md
+walkthrough: $(STAMP)
+	$(PY) examples/three_hosts.py > docs/walkthrough.md.new && mv docs/walkthrough.md.new docs/walkthrough.md
 
 demo: $(STAMP)
 	$(PY) -m pip install --quiet --no-deps recbole==1.2.1 || echo "could not install recbole (MovieLens-100K): the demo falls back to synthetic data"

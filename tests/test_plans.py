@@ -63,6 +63,15 @@ def test_states_follow_reports_but_never_an_older_generation():
     assert after.states[2] == "rebuilding" and after.generations[2] == 3
 
 
+def test_a_position_is_given_only_to_a_node_that_announced_itself():
+    # a node started by hand after the decider answered its map before its presence (with its CURVE key) was
+    # read: it went in the map without a key, and every peer refused its deltas for good (found on namespaces)
+    m = Map.initial(CONFIG.get_config(), [f"tcp://198.18.0.{p}:7000" for p in range(1, 7)]).with_position(0, source="node/0/a")
+    seen = {e: {"endpoint": e, "source": None, "position": None, "key": "K"} for e in m.endpoints[2:5]}
+    assert plans.unassigned(m, seen) == [2, 3, 4]
+    assert plans.unassigned(m.with_position(3, state="dead"), seen) == [2, 4]
+
+
 def test_spares_and_strays():
     m = plans.declare_dead(cluster_map(), [1])
     spare = {"endpoint": "tcp://127.0.0.1:9000", "source": None, "position": None}
@@ -142,3 +151,45 @@ def test_only_the_holders_of_a_dead_nodes_stripes_decide_how_far_back_to_roll():
     assert plans.parity_holders([layout], 4) == expect
     assert expect < {0, 1, 2, 3, 5}  # a small table: some survivors hold no parity of position 4's stripes
     assert plans.parity_holders([], 4) == set()
+
+
+def test_a_decider_back_from_a_store_that_was_away_waits_for_nodes_to_announce_again():
+    # one etcd member cut off for 8 s: every lease ran out on it, and when it was back the decider declared all
+    # eight nodes dead before they announced themselves again (found on namespaces: the whole cluster was lost)
+    from ectable import clock
+    from ectable.cluster.decider import STORE_GRACE, Decider
+    from ectable.cluster.store import ClusterStore
+    from ectable.membership import MemoryMembership
+    from ectable.process.local import InProcessHost, _HostControl
+    from ectable.testing.membership import FakeClock
+
+    now = FakeClock()
+
+    class Clock(clock.Clock):
+        def monotonic(self):
+            return now()
+
+    store = ClusterStore(MemoryMembership(clock=now), "/t")
+    endpoints = [f"inproc://ectable-node-{p}" for p in range(6)]
+    hosts = {e: InProcessHost(e, "token", store) for e in endpoints}
+    store.swap_map(None, Map.initial(CONFIG.get_config(), endpoints))
+    decider = Decider(store, _HostControl(hosts), "decider/t", "token", grace=STORE_GRACE)
+    with clock.use(Clock()):
+        for host in hosts.values():
+            host.announce()
+        while decider.step():
+            pass
+        epoch = store.read_map().epoch
+        assert all(store.read_map().sources)
+        for lease in [h.lease for h in hosts.values()] + [decider.lease]:  # the store was away: every lease ran out
+            store.membership.revoke(lease)
+        now.advance(1.0)
+        assert not decider.step() and store.read_map().epoch == epoch  # leads again, but waits
+        for host in hosts.values():  # each node's next keep-alive finds its lease gone: it announces again
+            host.lease, host.announced = store.membership.grant(3600.0), None
+            host.announce()
+        for _ in range(4):  # (a step a second keeps the decider's lease alive)
+            now.advance(STORE_GRACE / 4)
+            assert not decider.step() and store.read_map().epoch == epoch  # nothing was failed over
+        store.membership.revoke(hosts[endpoints[2]].lease)  # a node that is really gone still is
+        assert decider.step() and store.read_map().dead() == [2]

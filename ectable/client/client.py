@@ -707,8 +707,10 @@ class Client:
 
     def _lost(self, p):
         """A call to p failed: the cluster learns it is dead, and this client fails over."""
-        if self.cluster.source(p) == self._sources.get(p):
-            self.cluster.mark_dead(p)
+        if self.cluster.source(p) == self._sources.get(p) and not self.cluster.mark_dead(p):
+            raise Unavailable(f"node {p} ({self.cluster.endpoints[p]}) does not answer this client, but the cluster "
+                              f"counts it alive (its lease is kept): a partition between them? Its rows are not read "
+                              f"through the parity, which may lag it; try again once it is reachable")
         if self.cluster.source(p) != self._sources.get(p):
             self._failover(p)
 

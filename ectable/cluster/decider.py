@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import clock
 from ..config import ClusterConfig
 from ..errors import Error
 from ..membership import LeaseNotFound
@@ -38,16 +39,21 @@ from .store import ClusterStore
 CONTROL_TIMEOUT = 2.0  # one round of control calls to nodes
 PATIENCE = 3  # rounds a live node (its lease kept) may fail to answer a reconcile before it is failed too
 ELECTION_TTL = 2.0  # a dead decider is replaced within this many seconds
+STORE_GRACE = 3.5  # on etcd, a decider that won the election waits this long before it declares silent nodes dead:
+# when etcd was away long enough for leases to run out (every node's, and the decider's), nodes announce themselves
+# again under new leases within a heartbeat; without the wait every node was declared dead at once
 INSTALL_TRIES = 5  # times an install is tried again after a create or drop came between
 SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
 
 
 class Decider:
     def __init__(self, store: ClusterStore, control, name: str, token: str | None = None, ttl: float = ELECTION_TTL,
-                 log=None):
+                 log=None, grace: float = 0.0):
         self.store, self.control, self.name, self.token, self.ttl = store, control, name, token, ttl
         self.log = log or (lambda message: None)
         self.lease: int | None = None
+        self.grace = grace  # seconds a decider leads (under one lease) before it declares a silent node dead
+        self.led: tuple = (None, 0.0)  # (the lease it won the election with, when)
         self.silences: dict[str, int] = {}  # endpoint -> reconcile rounds it did not answer (soft state)
 
     # -- election ----------------------------------------------------------
@@ -59,10 +65,13 @@ class Decider:
         if self.lease is None:
             self.lease = membership.grant(self.ttl)
         try:
-            return self.store.campaign(self.name, self.lease)
+            won = self.store.campaign(self.name, self.lease)
         except LeaseNotFound:  # it expired between the keep-alive and the campaign
             self.lease = None
             return False
+        if won and self.led[0] != self.lease:
+            self.led = (self.lease, clock.monotonic())
+        return won
 
     def resign(self) -> None:
         if self.lease is not None:
@@ -80,6 +89,8 @@ class Decider:
         presence = self.store.presence()
         self.control.keep(set(m.endpoints) | presence.keys())
         dead = plans.silent(m, presence)
+        if dead and clock.monotonic() - self.led[1] < self.grace:
+            return False  # the store may have been away (this decider's lease ran out too): nodes announce again
         if dead:
             self.log(f"epoch {m.epoch}: positions {dead} lost their node (presence gone or replaced): declared dead")
             return self._swap(m, plans.declare_dead(m, dead)) is not None
@@ -88,7 +99,7 @@ class Decider:
         states = plans.rebuild_states(m, presence)
         if states != m:
             return self._swap(m, states) is not None
-        unassigned = [p for p in m.live() if m.sources[p] is None]
+        unassigned = plans.unassigned(m, presence)
         if unassigned:
             return self._assign(m, unassigned, presence)
         strays = plans.strays(m, presence)

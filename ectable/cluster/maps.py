@@ -119,6 +119,14 @@ class ClusterMap:
         """Stop what this object started."""
 
 
+def read_cluster(store: ClusterStore) -> tuple:
+    """(the stored map or None, how many spares wait for a position, the endpoints of live node processes)."""
+    m = store.read_map()
+    presence = store.presence()
+    spares = len(plans.free_spares(m, presence)) + len(plans.arriving(m, presence)) if m is not None else 0
+    return m, spares, frozenset(presence)
+
+
 class StoredMap:
     """A cluster map kept in the cluster's membership store: cached here, re-read when a node's reply
     carries a newer epoch, when a request fails, or (while waiting on a node) every MAP_RECHECK seconds."""
@@ -137,14 +145,16 @@ class StoredMap:
     def refresh(self) -> None:
         """Read the map (and how many spares wait) from the store."""
         try:
-            m = self.store.read_map()
-            presence = self.store.presence()
-            spares = len(plans.free_spares(m, presence)) + len(plans.arriving(m, presence)) if m is not None else 0
+            read = read_cluster(self.store)
         except MembershipUnavailable as exc:
             raise Unavailable(f"the cluster's membership store does not answer: {exc}") from None
-        if m is None:
+        if read[0] is None:
             raise Unavailable(f"no cluster map under {self.store.prefix!r} in the membership store")
-        self._map, self._spares, self._checked = m, spares, clock.monotonic()
+        self._checked = clock.monotonic()
+        self._adopt(*read)
+
+    def _adopt(self, m, spares: int, present: frozenset) -> None:
+        self._map, self._spares, self._present = m, spares, present
         for endpoint in self._channels.keys() - set(m.endpoints):  # a node replaced: its sockets are freed
             self._channels.pop(endpoint).close()
 
@@ -194,8 +204,10 @@ class StoredMap:
             return "dead"
         return "rebuilding" if state == "rebuilding" or source in self._rebuilding else "up"
 
-    def mark_dead(self, p: int) -> None:
-        """A request to p failed: wait (bounded) until the decider failed it over, or it answers again."""
+    def mark_dead(self, p: int) -> bool:
+        """A request to p failed: wait (bounded) until the decider failed it over, or it answers again. False
+        when neither happened and its node is alive for the cluster (its presence is kept alive in the store),
+        but this client cannot reach it: a partition between the two."""
         source = self._map.sources[p]
         self._evidence(p)
         deadline = clock.monotonic() + DEATH_WAIT
@@ -203,7 +215,9 @@ class StoredMap:
             clock.sleep(MAP_RECHECK / 4)
             self._recheck()
             if self._answers(p):
-                return
+                return True
+        m = self._map
+        return m.sources[p] != source or m.states[p] == "dead" or m.endpoints[p] not in self._present
 
     def _answers(self, p: int) -> bool:
         """Whether the node at p answers a ping now."""
@@ -285,6 +299,19 @@ class ZmqStoredMap(StoredMap):
     def _open_channel(self, endpoint: str) -> ZmqChannel:
         return ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint))
 
+    def _recheck(self) -> None:
+        """While a request waits: the map as the background reader last read it (asked for again every
+        MAP_RECHECK s), so a request never waits on the store (when the store is away, training goes on)."""
+        if self._reader is None:
+            self._reader = _MapReader(self.store)
+            self._reader.start()
+        read = self._reader.take()
+        if read is not None and read[0] is not None and read[0].epoch >= self._map.epoch:
+            self._adopt(*read)
+        if clock.monotonic() - self._checked > MAP_RECHECK:
+            self._checked = clock.monotonic()
+            self._reader.ask()
+
     def _keep_writer(self, writer: str) -> int:
         """A thread keeps the lease alive (over a connection of its own) until this object closes or the
         lease lapses."""
@@ -307,11 +334,15 @@ class ZmqStoredMap(StoredMap):
             return False
 
     _keeper = None
+    _reader = None
 
     def _detach(self) -> None:
         if self._keeper is not None:
             self._keeper.close()
             self._keeper = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
@@ -367,6 +398,49 @@ class WriterFence:
         """Whether the writer must stop writing (for good, once true)."""
         self.lost = self.lost or now - self.alive_at > self.patience
         return self.lost
+
+
+class _MapReader(threading.Thread):
+    """Reads the map (over a store connection of its own) when asked; `take()` gives the last read once."""
+
+    def __init__(self, store: ClusterStore):
+        super().__init__(name="map-reader", daemon=True)
+        endpoints = getattr(store.membership, "endpoints", None)
+        if endpoints:
+            from ..membership.etcd import EtcdMembership
+            store = ClusterStore(EtcdMembership(endpoints), store.prefix)
+        self.store, self.own = store, bool(endpoints)
+        self.wanted, self.closed = threading.Event(), False
+        self.last: tuple | None = None
+        self.lock = threading.Lock()
+
+    def ask(self) -> None:
+        self.wanted.set()
+
+    def take(self) -> tuple:
+        with self.lock:
+            last, self.last = self.last, None
+        return last
+
+    def run(self) -> None:
+        while not self.closed:
+            self.wanted.wait()
+            self.wanted.clear()
+            if self.closed:
+                break
+            try:
+                read = read_cluster(self.store)
+            except MembershipUnavailable:
+                continue  # asked again while the store is away
+            with self.lock:
+                self.last = read
+        if self.own:
+            self.store.membership.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.wanted.set()
+        self.join(10)
 
 
 class _WriterLease(threading.Thread):

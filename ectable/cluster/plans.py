@@ -47,6 +47,13 @@ def rebuild_states(m: Map, presence: dict) -> Map:
     return m
 
 
+def unassigned(m: Map, presence: dict) -> list[int]:
+    """Live positions no node took yet whose node announced its presence: only those are given theirs (the
+    key the node announced goes in the map, and peers take its deltas only with that key; a node that
+    answered before its presence was read went in without one, and its deltas were refused for good)."""
+    return [p for p in m.live() if m.sources[p] is None and m.endpoints[p] in presence]
+
+
 def strays(m: Map, presence: dict) -> list[str]:
     """Identities of nodes that hold a position the map does not give them (not fenced yet)."""
     out = []

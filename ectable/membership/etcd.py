@@ -1,7 +1,9 @@
 """`EtcdMembership`: the membership store on etcd, through its v3 HTTP/JSON gateway (`etcd3gw`).
 
 Every request has the store's `timeout`; a request that cannot reach one endpoint moves on to the
-next while the timeout lasts (a `txn` only when it surely was not sent). Leases are whole seconds.
+next while the timeout lasts (a `txn` only when it surely was not sent). With several endpoints each
+gets its share of the timeout (at least 1 s), so that a member cut off from the network costs a
+keep-alive less than a lease's time. Leases are whole seconds.
 """
 from __future__ import annotations
 
@@ -46,8 +48,9 @@ class EtcdMembership(Membership):
         url = urllib.parse.urlsplit(endpoint)
         session = requests.Session()
         session.trust_env = False  # never through a proxy
+        attempt = self.timeout if len(self.endpoints) == 1 else max(1.0, self.timeout / len(self.endpoints))
         return etcd3gw.client(host=url.hostname or "127.0.0.1", port=url.port or 2379, protocol=url.scheme or "http",
-                              timeout=self.timeout, api_path="/v3/", session=session)
+                              timeout=attempt, api_path="/v3/", session=session)
 
     def _call(self, request: Callable[[Any], T], resend: bool = True) -> T:
         """`request(client)` on the current endpoint, then the others while the timeout lasts."""

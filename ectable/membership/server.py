@@ -41,7 +41,7 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
+def dies_with_parent(parent: int) -> Callable[[], None]:
     """A preexec_fn asking Linux to SIGKILL the child when its parent dies (prctl PR_SET_PDEATHSIG).
     Note: "parent" is the thread that started it; start servers from a thread that lives on."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
@@ -151,7 +151,7 @@ class EtcdServer:
                 "--initial-cluster", f"ectable={peer}", "--initial-cluster-state", "new",
                 "--heartbeat-interval", str(self.heartbeat_ms),
                 "--election-timeout", str(self.election_ms), "--log-level", "warn"]
-        preexec = _die_with_parent(os.getpid()) if self.die_with_parent and sys.platform == "linux" else None
+        preexec = dies_with_parent(os.getpid()) if self.die_with_parent and sys.platform == "linux" else None
         with open(os.path.join(self._state["dir"], "etcd.log"), "ab") as log:
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     preexec_fn=preexec, start_new_session=True)

@@ -15,7 +15,7 @@ import traceback
 
 import zmq
 
-from ..cluster.decider import Decider
+from ..cluster.decider import STORE_GRACE, Decider
 from ..cluster.map import Map
 from ..cluster.store import open_store
 from ..membership import MembershipUnavailable
@@ -36,8 +36,8 @@ def run(data: dict, token: str | None, parent: int | None = None) -> None:
     context = zmq.Context()
     control = ZmqControl(context, data.get("security"))
     name = f"decider/{os.getpid()}/{secrets.token_hex(4)}"
-    decider = Decider(store, control, name, token, log=lambda message: print(f"ectable {name}: {message}", file=sys.stderr,
-                                                                            flush=True))
+    decider = Decider(store, control, name, token, grace=STORE_GRACE,
+                      log=lambda message: print(f"ectable {name}: {message}", file=sys.stderr, flush=True))
     wake = threading.Event()
     watch = store.membership.watch(store.prefix + "/", lambda events: wake.set())
     print(f"READY {name}", flush=True)

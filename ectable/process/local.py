@@ -142,10 +142,11 @@ class InProcessCluster(StoredMap, LocalCluster):
     def _host(self, p: int) -> "InProcessHost":
         return self._hosts[self._map.endpoints[p]]
 
-    def mark_dead(self, p: int) -> None:
+    def mark_dead(self, p: int) -> bool:
         """A request to p failed: if its node is gone, the decider fails it over now."""
         if not self._host(p).alive:
             self.decide()
+        return True
 
     def state(self, p: int) -> str:
         if self._map.states[p] != "dead" and not self._host(p).alive:  # as a parent knows its child exited
