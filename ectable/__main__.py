@@ -1,4 +1,4 @@
-"""The `ectable` command: node, decider, up, down, status, keygen, checkpoint list|inspect, restore, export."""
+"""The `ectable` command: node, spare add, decider, up, down, status, keygen, checkpoint list|inspect, restore, export."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +25,11 @@ def cmd_node(args) -> None:
     except ValueError as exc:
         sys.exit(f"ectable node: {exc}")
     map_header, bind = None, args.bind
+    if args.name is not None:
+        if args.id is not None:
+            raise CommandError("give --name or --id, not both")
+        args.id, named = cluster_config.find_node(data, args.name)
+        bind = bind or named
     if args.id is not None:
         if "nodes" not in data:
             sys.exit("ectable node --id needs --config with [cluster] and [nodes]")
@@ -35,6 +40,18 @@ def cmd_node(args) -> None:
     if metrics is None and "port" in data.get("metrics", {}):  # one port per node: the file's, plus its position
         metrics = int(data["metrics"]["port"]) + (args.id or 0)
     run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data), data.get("membership"), metrics)
+
+
+def cmd_spare(args) -> None:
+    data = cluster_config.load(args.config)
+    updated = cluster_config.with_spare(data, args.name, args.endpoint)
+    fd, temporary = os.open(args.config + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), args.config + ".new"
+    with os.fdopen(fd, "w") as f:
+        f.write(cluster_config.dumps(updated))
+    os.replace(temporary, args.config)
+    print(f"added spare {args.name} at {args.endpoint} to {args.config}; on its host, start it with "
+          f"`ectable node --config {args.config} --name {args.name}` (with a node key of its own in [security]): it "
+          f"announces itself and waits for a position")
 
 
 def cmd_decider(args) -> None:
@@ -213,11 +230,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("node", help="run one storage node")
     p.add_argument("--config", help="cluster TOML (endpoints, code, keys)")
     p.add_argument("--id", type=int, help="this node's position in [nodes] endpoints")
+    p.add_argument("--name", help="this node's name in the cluster file ([nodes] names or spare_names; default names "
+                   "node-N and spare-N): a node takes its position, a spare binds its endpoint and waits")
     p.add_argument("--bind", help="endpoint to listen on (default: from the config, else tcp://127.0.0.1:0)")
     p.add_argument("--parent", type=int, help="exit when this process dies")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port of 127.0.0.1 (default: "
                    "the cluster file's [metrics] port plus --id, if it has one; else none)")
     p.set_defaults(fn=cmd_node)
+    p = sub.add_parser("spare", help="add a spare to a cluster file (then start it on its host)")
+    p.add_argument("action", choices=["add"], help="add: list one more spare in the file")
+    p.add_argument("name", help="the spare's name (what `ectable node --name` takes)")
+    p.add_argument("endpoint", help="where it listens: tcp://HOST:PORT")
+    p.add_argument("--config", default="cluster.toml", help="the cluster file to change (default cluster.toml)")
+    p.set_defaults(fn=cmd_spare)
     p = sub.add_parser("decider", help="run a failover decider (run two or more: they elect one through etcd)")
     p.add_argument("--config", required=True, help="cluster TOML: [membership] etcd endpoints and prefix, [security]")
     p.add_argument("--parent", type=int, help="exit when this process dies")

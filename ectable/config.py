@@ -1,7 +1,8 @@
 """What a cluster agrees on (`ClusterConfig`), and cluster TOML files: what `ectable up` writes and `ectable.connect` / `ectable node` read.
 
     [cluster]   nodes, code, k, r, window_rows, window_seconds, window_steps
-    [nodes]     endpoints = ["tcp://127.0.0.1:PORT", ...]  (one per active position), spares = [...]
+    [nodes]     endpoints = ["tcp://127.0.0.1:PORT", ...]  (one per active position), spares = [...];
+                names, spare_names: optional, one per endpoint (`ectable node --name`; else node-N, spare-N)
     [security]  server_public, (nodes:) server_secret, public, secret, nodes, deciders, clients
                 (CURVE keys by role, optional: see `ectable.security`)
 """
@@ -42,6 +43,40 @@ class ClusterConfig:
 
     def get_config(self) -> dict:
         return dict(self.__dict__)
+
+
+def names(data: dict) -> tuple[list[str], list[str]]:
+    """The names of a cluster file's nodes (one per position) and of its spares."""
+    nodes = data.get("nodes", {})
+    endpoints, spares = nodes.get("endpoints", []), nodes.get("spares", [])
+    return (list(nodes.get("names") or [f"node-{i}" for i in range(len(endpoints))]),
+            list(nodes.get("spare_names") or [f"spare-{i}" for i in range(len(spares))]))
+
+
+def find_node(data: dict, name: str) -> tuple[int | None, str]:
+    """(position or None for a spare, endpoint to bind) of the node a cluster file names `name`."""
+    nodes, spares = names(data)
+    if name in nodes:
+        return nodes.index(name), data["nodes"]["endpoints"][nodes.index(name)]
+    if name in spares:
+        return None, data["nodes"]["spares"][spares.index(name)]
+    raise ValueError(f"no node or spare named {name!r} in the cluster file (nodes: {', '.join(nodes) or '-'}; "
+                     f"spares: {', '.join(spares) or '-'})")
+
+
+def with_spare(data: dict, name: str, endpoint: str) -> dict:
+    """The cluster file's contents with one more spare, `name` at `endpoint`."""
+    if not ENDPOINT.match(endpoint):
+        raise ValueError(f"{endpoint!r} is not a tcp://host:port endpoint")
+    nodes, spares = names(data)
+    if name in nodes + spares:
+        raise ValueError(f"the cluster file names a node {name!r} already")
+    taken = data.get("nodes", {}).get("endpoints", []) + data.get("nodes", {}).get("spares", [])
+    if endpoint in taken:
+        raise ValueError(f"the cluster file lists a node at {endpoint} already")
+    section = dict(data.get("nodes", {}), spares=[*data.get("nodes", {}).get("spares", []), endpoint],
+                   spare_names=[*spares, name])
+    return {**data, "nodes": section}
 
 
 def load(path: str) -> dict:

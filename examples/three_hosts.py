@@ -1,6 +1,6 @@
 """The three-host walk-through of docs/operations.md, done on network namespaces (needs root).
 
-Hosts a, b and c each run an etcd member, two nodes (systemd units `ectable-node@0`, `@1`) and,
+Hosts a, b and c each run an etcd member, two nodes (systemd units `ectable-node@a-0`, `@a-1`) and,
 on a and b, a decider; rs(4,2) over six nodes survives the loss of a whole host. Host d joins
 later with a spare, `trainer` runs the training job and `ectable status`. Then host b fails (its
 link goes down), the spare takes one of its positions, the other is served through the parity,
@@ -25,7 +25,7 @@ from ectable.membership.server import etcd_binary
 from ectable.testing.netns import Hosts, available
 
 HOSTS = ["a", "b", "c", "d", "trainer"]
-NODES = [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]  # position -> (host, unit instance)
+NODES = [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]  # position -> (host, instance): name a-0...
 
 TRAIN = """
 import numpy as np, ectable
@@ -119,34 +119,39 @@ def walk_through(workdir: str) -> None:
                    "ectable keygen --out keys --nodes 8 --deciders 2 --clients 2")
         etcd = [f"http://{address[h]}:2379" for h in "abc"]
         cluster = {"cluster": {"nodes": 6, "code": "rs", "k": 4, "r": 2},
-                   "nodes": {"endpoints": [f"tcp://{address[h]}:{7000 + i}" for h, i in NODES]},
+                   "nodes": {"endpoints": [f"tcp://{address[h]}:{7000 + i}" for h, i in NODES],
+                             "names": [f"{h}-{i}" for h, i in NODES]},
                    "membership": {"endpoints": etcd, "prefix": "/ectable/prod"},
                    "control": {"token": os.urandom(16).hex()}}
         shown = dict(cluster, control={"token": "<32 hex digits: a secret the deciders and nodes share>"})
         walk.say(f"`cluster.toml`, the same on every host:\n\n```toml\n{cluster_config.dumps(shown).rstrip()}\n```\n\n"
                  "Each process gets the cluster file plus its own `[security]` section (its key pair and every "
-                 "role's public keys), mode 0600, copied to its host only: nodes `node-N.toml` (position N, and "
-                 "`node-6.toml` for the spare), deciders `decider-N.toml`, trainers `client.toml`.")
+                 "role's public keys from `keys/`), mode 0600, copied to its host only: node a-0 gets "
+                 "`/etc/ectable/node.toml` with `keys/node-0.toml`'s section, and so on; deciders `decider.toml`, "
+                 "trainers `client.toml`.")
 
         def own(name: str, key: str, sections: dict) -> None:
             security = cluster_config.load(os.path.join(workdir, "keys", f"{key}.toml"))["security"]
             fd = os.open(os.path.join(workdir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(cluster_config.dumps({**sections, "security": security}))
-        for n in range(8):
-            own(f"node-{n}.toml", f"node-{n}", cluster)
+        for n, (h, i) in enumerate(NODES):
+            own(f"node-{h}-{i}.toml", f"node-{n}", cluster)
         for n in range(2):
             own(f"decider-{n}.toml", f"decider-{n}", cluster)
+        fd = os.open(os.path.join(workdir, "cluster.toml"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:  # the operator's copy, without keys
+            f.write(cluster_config.dumps(cluster))
         own("client.toml", "client-0", {"membership": cluster["membership"]})
 
         peers = ",".join(f"{h}=http://{address[h]}:2380" for h in "abc")
-        walk.say("## Units\n\nOn every host (`%i` is the node's position, `%H` the host's name):\n\n```ini\n"
+        walk.say("## Units\n\nOn every host (`%i` is the node's name, `%H` the host's):\n\n```ini\n"
                  "# /etc/systemd/system/ectable-etcd.service\n[Service]\nExecStart=/usr/local/bin/etcd --name %H "
                  "--data-dir /var/lib/ectable-etcd --listen-client-urls http://ADDRESS:2379 --advertise-client-urls "
                  "http://ADDRESS:2379 --listen-peer-urls http://ADDRESS:2380 --initial-advertise-peer-urls "
                  f"http://ADDRESS:2380 --initial-cluster {peers} --initial-cluster-state new\nRestart=always\n\n"
                  "# /etc/systemd/system/ectable-node@.service\n[Service]\nExecStart=/opt/ectable/bin/ectable node "
-                 "--config /etc/ectable/node-%i.toml --id %i\nRestart=on-failure\n\n"
+                 "--config /etc/ectable/node.toml --name %i\nRestart=on-failure\n\n"
                  "# /etc/systemd/system/ectable-decider.service (on a and b)\n[Service]\nExecStart=/opt/ectable/bin/"
                  "ectable decider --config /etc/ectable/decider.toml\nRestart=always\n```\n\n"
                  "Below, each `systemctl start` runs its unit's `ExecStart` on the host.")
@@ -162,9 +167,9 @@ def walk_through(workdir: str) -> None:
         for n, h in enumerate("ab"):
             walk.service(h, "decider", [*ectable, "decider", "--config", f"decider-{n}.toml"])
             started.append(f"{h}$ systemctl start ectable-decider    # decider-{n}.toml")
-        for p, (h, _) in enumerate(NODES):
-            walk.service(h, f"node-{p}", [*ectable, "node", "--config", f"node-{p}.toml", "--id", str(p)])
-            started.append(f"{h}$ systemctl start ectable-node@{p}")
+        for h, i in NODES:
+            walk.service(h, f"node-{i}", [*ectable, "node", "--config", f"node-{h}-{i}.toml", "--name", f"{h}-{i}"])
+            started.append(f"{h}$ systemctl start ectable-node@{h}-{i}")
         walk.say("## Start\n\n```\n" + "\n".join(started) + "\n```")
         walk.wait_status(lambda s: all(n["role"] == "active" for n in s["nodes"]), "every node up")
         walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
@@ -175,10 +180,16 @@ def walk_through(workdir: str) -> None:
         walk.shell("trainer", [py, "-"], "python - < train.py", stdin=TRAIN.format(ckpt=ckpt, ref=ref))
         walk.shell("trainer", [*ectable, "checkpoint", "list", ckpt], "ectable checkpoint list /checkpoints/items")
 
-        walk.say("## Adding a spare\n\nHost d joins with a spare node (no position: it announces itself in etcd and "
-                 "waits for one).\n\n```\nd$ ectable node --config node-6.toml --bind tcp://" + address["d"] +
-                 ":7000\n```")
-        walk.service("d", "spare", [*ectable, "node", "--config", "node-6.toml", "--bind", f"tcp://{address['d']}:7000"])
+        walk.say("## Adding a spare\n\nHost d joins with a spare node: the operator lists it in the cluster file "
+                 "(and hands d the file with `keys/node-6.toml`'s section), d starts it; it holds no position, "
+                 "announces itself in etcd and waits for one.")
+        spare = f"tcp://{address['d']}:7000"
+        walk.shell("trainer", [*ectable, "spare", "add", "d-0", spare, "--config", "cluster.toml"],
+                   f"ectable spare add d-0 {spare} --config cluster.toml")
+        own("node-d-0.toml", "node-6", {k: v for k, v in cluster_config.load(os.path.join(workdir, "cluster.toml")).items()
+                                        if k != "security"})
+        walk.service("d", "spare", [*ectable, "node", "--config", "node-d-0.toml", "--name", "d-0"])
+        walk.say("```\nd$ systemctl start ectable-node@d-0\n```")
         walk.wait_status(lambda s: s["spares"] == 1, "the spare announced")
         walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
 

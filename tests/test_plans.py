@@ -153,43 +153,74 @@ def test_only_the_holders_of_a_dead_nodes_stripes_decide_how_far_back_to_roll():
     assert plans.parity_holders([], 4) == set()
 
 
-def test_a_decider_back_from_a_store_that_was_away_waits_for_nodes_to_announce_again():
-    # one etcd member cut off for 8 s: every lease ran out on it, and when it was back the decider declared all
-    # eight nodes dead before they announced themselves again (found on namespaces: the whole cluster was lost)
-    from ectable import clock
+class _Clock:
+    def __init__(self):
+        from ectable.testing.membership import FakeClock
+        self.now = FakeClock()
+
+    def monotonic(self):
+        return self.now()
+
+    def sleep(self, seconds):
+        self.now.advance(seconds)
+
+    def token_hex(self, n):
+        import secrets
+        return secrets.token_hex(n)
+
+
+def in_process_world(fake):
+    """Six in-process nodes given their positions by a decider on etcd's grace, on a fake clock."""
     from ectable.cluster.decider import STORE_GRACE, Decider
     from ectable.cluster.store import ClusterStore
     from ectable.membership import MemoryMembership
     from ectable.process.local import InProcessHost, _HostControl
-    from ectable.testing.membership import FakeClock
-
-    now = FakeClock()
-
-    class Clock(clock.Clock):
-        def monotonic(self):
-            return now()
-
-    store = ClusterStore(MemoryMembership(clock=now), "/t")
+    store = ClusterStore(MemoryMembership(clock=fake.now), "/t")
     endpoints = [f"inproc://ectable-node-{p}" for p in range(6)]
-    hosts = {e: InProcessHost(e, "token", store) for e in endpoints}
+    hosts = [InProcessHost(e, "token", store) for e in endpoints]
     store.swap_map(None, Map.initial(CONFIG.get_config(), endpoints))
-    decider = Decider(store, _HostControl(hosts), "decider/t", "token", grace=STORE_GRACE)
-    with clock.use(Clock()):
-        for host in hosts.values():
-            host.announce()
-        while decider.step():
-            pass
+    decider = Decider(store, _HostControl(dict(zip(endpoints, hosts))), "decider/t", "token", grace=STORE_GRACE)
+    for host in hosts:
+        host.announce()
+    while decider.step():
+        pass
+    assert all(store.read_map().sources)
+    return store, hosts, decider
+
+
+def test_a_decider_back_from_a_store_that_was_away_waits_for_nodes_to_announce_again():
+    # one etcd member cut off for 8 s: every lease ran out on it, and when it was back the decider declared all
+    # eight nodes dead before they announced themselves again (found on namespaces: the whole cluster was lost)
+    from ectable import clock
+    from ectable.cluster.decider import STORE_GRACE
+    fake = _Clock()
+    with clock.use(fake):
+        store, hosts, decider = in_process_world(fake)
         epoch = store.read_map().epoch
-        assert all(store.read_map().sources)
-        for lease in [h.lease for h in hosts.values()] + [decider.lease]:  # the store was away: every lease ran out
+        for lease in [h.lease for h in hosts] + [decider.lease]:  # the store was away: every lease ran out
             store.membership.revoke(lease)
-        now.advance(1.0)
+        fake.sleep(1.0)
         assert not decider.step() and store.read_map().epoch == epoch  # leads again, but waits
-        for host in hosts.values():  # each node's next keep-alive finds its lease gone: it announces again
+        for host in hosts:  # each node's next keep-alive finds its lease gone: it announces itself again
             host.lease, host.announced = store.membership.grant(3600.0), None
             host.announce()
         for _ in range(4):  # (a step a second keeps the decider's lease alive)
-            now.advance(STORE_GRACE / 4)
+            fake.sleep(STORE_GRACE / 4)
             assert not decider.step() and store.read_map().epoch == epoch  # nothing was failed over
-        store.membership.revoke(hosts[endpoints[2]].lease)  # a node that is really gone still is
+        store.membership.revoke(hosts[2].lease)  # a node that is really gone still is
         assert decider.step() and store.read_map().dead() == [2]
+
+
+def test_a_new_decider_fails_a_silent_node_over_at_once_unless_more_than_r_are_silent():
+    from ectable import clock
+    fake = _Clock()
+    with clock.use(fake):
+        store, hosts, decider = in_process_world(fake)
+        for p in (0, 1, 3):  # more than r=2 at once: the store more likely than the nodes
+            store.membership.revoke(hosts[p].lease)
+        assert not decider.step() and store.read_map().dead() == []
+    fake = _Clock()
+    with clock.use(fake):
+        store, hosts, decider = in_process_world(fake)
+        store.membership.revoke(hosts[4].lease)  # one: failed over at once, as ever
+        assert decider.step() and store.read_map().dead() == [4]

@@ -401,7 +401,8 @@ def test_nodes_started_from_a_config_file(tmp_path):
         toml.write_text(ectable.config.dumps({"cluster": config, "nodes": {"endpoints": endpoints},
                                               "membership": {"endpoints": etcd.endpoints, "prefix": "/by-hand"},
                                               "control": {"token": "t0ken"}}))
-        procs = [subprocess.Popen([*run, "node", "--config", str(toml), "--id", str(i), "--parent", str(os.getpid())],
+        where = [["--id", str(i)] if i % 2 else ["--name", f"node-{i}"] for i in range(4)]  # by position, by name
+        procs = [subprocess.Popen([*run, "node", "--config", str(toml), *where[i], "--parent", str(os.getpid())],
                                   stdout=subprocess.PIPE, text=True) for i in range(4)]
         procs += [subprocess.Popen([*run, "decider", "--config", str(toml), "--parent", str(os.getpid())],
                                    stdout=subprocess.PIPE, text=True) for _ in range(2)]
@@ -428,10 +429,20 @@ def test_nodes_started_from_a_config_file(tmp_path):
             procs[1].kill()  # node 1: no spare, so the cluster serves it degraded once its lease ran out
             np.testing.assert_array_equal(client.get("t", np.arange(50)), before)
             assert client.status()["degraded"] == [1]
-            # a spare started by hand later, named in no file, is put in the dead position
-            procs.append(subprocess.Popen([*run, "node", "--config", str(toml), "--parent", str(os.getpid())],
-                                          stdout=subprocess.PIPE, text=True))
-            spare = procs[-1].stdout.readline().split()[1]
+            # a spare added to the file and started by its name later is put in the dead position
+            spare = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+            added = subprocess.run([*run, "spare", "add", "late", spare, "--config", str(toml)], capture_output=True,
+                                   text=True)
+            assert added.returncode == 0 and f"--name late" in added.stdout, added.stderr
+            again = subprocess.run([*run, "spare", "add", "late", spare, "--config", str(toml)], capture_output=True,
+                                   text=True)
+            assert again.returncode == 1 and "names a node 'late' already" in again.stderr
+            unknown = subprocess.run([*run, "node", "--config", str(toml), "--name", "nobody"], capture_output=True,
+                                     text=True)
+            assert unknown.returncode == 1 and "node-0, node-1, node-2, node-3; spares: late" in unknown.stderr
+            procs.append(subprocess.Popen([*run, "node", "--config", str(toml), "--name", "late", "--parent",
+                                           str(os.getpid())], stdout=subprocess.PIPE, text=True))
+            assert procs[-1].stdout.readline().split()[1] == spare
             client.wait_recovered(timeout=60)
             assert client.status()["degraded"] == [] and client.cluster.endpoints[1] == spare
             np.testing.assert_array_equal(client.get("t", np.arange(50)), before)

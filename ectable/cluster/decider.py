@@ -39,9 +39,10 @@ from .store import ClusterStore
 CONTROL_TIMEOUT = 2.0  # one round of control calls to nodes
 PATIENCE = 3  # rounds a live node (its lease kept) may fail to answer a reconcile before it is failed too
 ELECTION_TTL = 2.0  # a dead decider is replaced within this many seconds
-STORE_GRACE = 3.5  # on etcd, a decider that won the election waits this long before it declares silent nodes dead:
-# when etcd was away long enough for leases to run out (every node's, and the decider's), nodes announce themselves
-# again under new leases within a heartbeat; without the wait every node was declared dead at once
+STORE_GRACE = 3.5  # on etcd, a decider leading again after its lease ran out waits this long before it declares
+# silent nodes dead (and so does any new leader that finds more than r silent): when etcd was away long enough for
+# leases to run out (every node's, and the decider's), nodes announce themselves again under new leases within a
+# heartbeat; without the wait every node was declared dead at once
 INSTALL_TRIES = 5  # times an install is tried again after a create or drop came between
 SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
 
@@ -52,8 +53,9 @@ class Decider:
         self.store, self.control, self.name, self.token, self.ttl = store, control, name, token, ttl
         self.log = log or (lambda message: None)
         self.lease: int | None = None
-        self.grace = grace  # seconds a decider leads (under one lease) before it declares a silent node dead
-        self.led: tuple = (None, 0.0)  # (the lease it won the election with, when)
+        self.grace = grace  # see STORE_GRACE
+        self.led: tuple = (None, 0.0, False)  # (the lease it won the election with, when, whether one ran out before)
+        self.lapsed = False  # its lease ran out since it last won
         self.silences: dict[str, int] = {}  # endpoint -> reconcile rounds it did not answer (soft state)
 
     # -- election ----------------------------------------------------------
@@ -61,7 +63,7 @@ class Decider:
         """Keep (or try to win) the election; True while this decider may act."""
         membership = self.store.membership
         if self.lease is not None and not membership.keepalive(self.lease):
-            self.lease = None
+            self.lease, self.lapsed = None, True  # the store may have been away: every lease ran out
         if self.lease is None:
             self.lease = membership.grant(self.ttl)
         try:
@@ -70,8 +72,14 @@ class Decider:
             self.lease = None
             return False
         if won and self.led[0] != self.lease:
-            self.led = (self.lease, clock.monotonic())
+            self.led, self.lapsed = (self.lease, clock.monotonic(), self.lapsed), False
         return won
+
+    def _waits(self, m: Map, dead: list[int]) -> bool:
+        """Whether silent positions `dead` may be nodes that have yet to announce themselves again after the store
+        was away: this decider leads since less than `grace`, after its own lease ran out or finding more than r."""
+        _, since, lapsed = self.led
+        return clock.monotonic() - since < self.grace and (lapsed or len(dead) > m.config.get("r", 1))
 
     def resign(self) -> None:
         if self.lease is not None:
@@ -89,8 +97,8 @@ class Decider:
         presence = self.store.presence()
         self.control.keep(set(m.endpoints) | presence.keys())
         dead = plans.silent(m, presence)
-        if dead and clock.monotonic() - self.led[1] < self.grace:
-            return False  # the store may have been away (this decider's lease ran out too): nodes announce again
+        if dead and self._waits(m, dead):
+            return False  # the store may have been away: nodes announce themselves again
         if dead:
             self.log(f"epoch {m.epoch}: positions {dead} lost their node (presence gone or replaced): declared dead")
             return self._swap(m, plans.declare_dead(m, dead)) is not None

@@ -135,7 +135,7 @@ class StoredMap:
         self.store = store
         self._channels: dict = {}
         self._rebuilding: set[str] = set()  # identities this client saw lack rows before the map said so
-        self._checked = 0.0
+        self._checked, self._read_at = 0.0, float("-inf")
         self.refresh()
 
     @property
@@ -144,6 +144,7 @@ class StoredMap:
 
     def refresh(self) -> None:
         """Read the map (and how many spares wait) from the store."""
+        began = clock.monotonic()
         try:
             read = read_cluster(self.store)
         except MembershipUnavailable as exc:
@@ -151,10 +152,13 @@ class StoredMap:
         if read[0] is None:
             raise Unavailable(f"no cluster map under {self.store.prefix!r} in the membership store")
         self._checked = clock.monotonic()
-        self._adopt(*read)
+        self._adopt(began, *read)
 
-    def _adopt(self, m, spares: int, present: frozenset) -> None:
-        self._map, self._spares, self._present = m, spares, present
+    def _adopt(self, began: float, m, spares: int, present: frozenset) -> None:
+        """Take what a read begun at `began` found, unless a read begun later was taken already."""
+        if began < self._read_at:
+            return
+        self._read_at, self._map, self._spares, self._present = began, m, spares, present
         for endpoint in self._channels.keys() - set(m.endpoints):  # a node replaced: its sockets are freed
             self._channels.pop(endpoint).close()
 
@@ -306,7 +310,7 @@ class ZmqStoredMap(StoredMap):
             self._reader = _MapReader(self.store)
             self._reader.start()
         read = self._reader.take()
-        if read is not None and read[0] is not None and read[0].epoch >= self._map.epoch:
+        if read is not None and read[1] is not None:
             self._adopt(*read)
         if clock.monotonic() - self._checked > MAP_RECHECK:
             self._checked = clock.monotonic()
@@ -401,7 +405,8 @@ class WriterFence:
 
 
 class _MapReader(threading.Thread):
-    """Reads the map (over a store connection of its own) when asked; `take()` gives the last read once."""
+    """Reads the map (over a store connection of its own) when asked; `take()` gives the last read once, with
+    when it began."""
 
     def __init__(self, store: ClusterStore):
         super().__init__(name="map-reader", daemon=True)
@@ -428,12 +433,13 @@ class _MapReader(threading.Thread):
             self.wanted.clear()
             if self.closed:
                 break
+            began = clock.monotonic()
             try:
                 read = read_cluster(self.store)
             except MembershipUnavailable:
                 continue  # asked again while the store is away
             with self.lock:
-                self.last = read
+                self.last = (began, *read)
         if self.own:
             self.store.membership.close()
 
