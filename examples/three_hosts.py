@@ -127,7 +127,7 @@ def walk_through(workdir: str) -> None:
         walk.say(f"`cluster.toml`, the same on every host:\n\n```toml\n{cluster_config.dumps(shown).rstrip()}\n```\n\n"
                  "Each process gets the cluster file plus its own `[security]` section (its key pair and every "
                  "role's public keys from `keys/`), mode 0600, copied to its host only: node a-0 gets "
-                 "`/etc/ectable/node.toml` with `keys/node-0.toml`'s section, and so on; deciders `decider.toml`, "
+                 "`/etc/ectable/node-a-0.toml` with `keys/node-0.toml`'s section, and so on; deciders `decider.toml`, "
                  "trainers `client.toml`.")
 
         def own(name: str, key: str, sections: dict) -> None:
@@ -151,7 +151,7 @@ def walk_through(workdir: str) -> None:
                  "http://ADDRESS:2379 --listen-peer-urls http://ADDRESS:2380 --initial-advertise-peer-urls "
                  f"http://ADDRESS:2380 --initial-cluster {peers} --initial-cluster-state new\nRestart=always\n\n"
                  "# /etc/systemd/system/ectable-node@.service\n[Service]\nExecStart=/opt/ectable/bin/ectable node "
-                 "--config /etc/ectable/node.toml --name %i\nRestart=on-failure\n\n"
+                 "--config /etc/ectable/node-%i.toml --name %i\nRestart=on-failure\n\n"
                  "# /etc/systemd/system/ectable-decider.service (on a and b)\n[Service]\nExecStart=/opt/ectable/bin/"
                  "ectable decider --config /etc/ectable/decider.toml\nRestart=always\n```\n\n"
                  "Below, each `systemctl start` runs its unit's `ExecStart` on the host.")
