@@ -44,11 +44,7 @@ def cmd_node(args) -> None:
 
 def cmd_spare(args) -> None:
     data = cluster_config.load(args.config)
-    updated = cluster_config.with_spare(data, args.name, args.endpoint)
-    fd, temporary = os.open(args.config + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), args.config + ".new"
-    with os.fdopen(fd, "w") as f:
-        f.write(cluster_config.dumps(updated))
-    os.replace(temporary, args.config)
+    cluster_config.write_private(args.config, cluster_config.with_spare(data, args.name, args.endpoint))
     print(f"added spare {args.name} at {args.endpoint} to {args.config}; on its host, start it with "
           f"`ectable node --config {args.config} --name {args.name}` (with a node key of its own in [security]): it "
           f"announces itself and waits for a position")
@@ -83,9 +79,7 @@ def cmd_up(args) -> None:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
-        fd = os.open(args.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(cluster_config.dumps({**cluster.describe(), "up": {"pid": os.getpid()}}))
+        cluster_config.write_private(args.config, {**cluster.describe(), "up": {"pid": os.getpid()}})
         print(f"ectable: {args.nodes} nodes ({args.code}, k={args.k}, r={cluster.config.r}) and {args.spares} spares "
               f"are up; wrote {args.config}. Ctrl-C or `ectable down --config {args.config}` stops them.", flush=True)
         while not stop:
@@ -216,9 +210,7 @@ def cmd_keygen(args) -> None:
                  f"choose a new directory")
     made = keygen(args.nodes, args.deciders, args.clients)
     for name, section in made.items():
-        fd = os.open(os.path.join(args.out, f"{name}.toml"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(cluster_config.dumps({"security": section}))
+        cluster_config.write_private(os.path.join(args.out, f"{name}.toml"), {"security": section})
     print(f"wrote CURVE keys for {args.nodes} nodes, {args.deciders} deciders and {args.clients} clients to "
           f"{args.out}/ (one file per process, keep them secret); `ectable up --keys {args.out}` uses them")
 

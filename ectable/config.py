@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -77,6 +78,15 @@ def with_spare(data: dict, name: str, endpoint: str) -> dict:
     section = dict(data.get("nodes", {}), spares=[*data.get("nodes", {}).get("spares", []), endpoint],
                    spare_names=[*spares, name])
     return {**data, "nodes": section}
+
+
+def write_private(path: str, data: dict) -> None:
+    """Write `data` as TOML to `path`, readable by its owner only (it may hold keys and the control token); the file
+    is replaced whole, never seen half-written."""
+    fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(dumps(data))
+    os.replace(path + ".new", path)
 
 
 def load(path: str) -> dict:

@@ -12,6 +12,7 @@ writes it to docs/walkthrough.md:
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -83,7 +84,6 @@ class Walk:
             done = subprocess.run(self.hosts.argv("trainer", [self.python, "-m", "ectable", "status", "--json", "--config",
                                                               config]), capture_output=True, text=True, cwd=self.workdir)
             if done.returncode == 0:
-                import json
                 if ready(json.loads(done.stdout)):
                     return
             time.sleep(0.5)
@@ -132,16 +132,12 @@ def walk_through(workdir: str) -> None:
 
         def own(name: str, key: str, sections: dict) -> None:
             security = cluster_config.load(os.path.join(workdir, "keys", f"{key}.toml"))["security"]
-            fd = os.open(os.path.join(workdir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(cluster_config.dumps({**sections, "security": security}))
+            cluster_config.write_private(os.path.join(workdir, name), {**sections, "security": security})
         for n, (h, i) in enumerate(NODES):
             own(f"node-{h}-{i}.toml", f"node-{n}", cluster)
         for n in range(2):
             own(f"decider-{n}.toml", f"decider-{n}", cluster)
-        fd = os.open(os.path.join(workdir, "cluster.toml"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:  # the operator's copy, without keys
-            f.write(cluster_config.dumps(cluster))
+        cluster_config.write_private(os.path.join(workdir, "cluster.toml"), cluster)  # the operator's, without keys
         own("client.toml", "client-0", {"membership": cluster["membership"]})
 
         peers = ",".join(f"{h}=http://{address[h]}:2380" for h in "abc")

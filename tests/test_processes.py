@@ -580,6 +580,10 @@ def test_nodes_serve_prometheus_metrics():
         client.put("t", np.arange(3000), np.ones((3000, 4)))
         client.get("t", np.arange(100))
         client.flush()
+        forged = ZmqChannel(c._map.endpoints[0], zmq.Context.instance())
+        for i in range(3):  # ops no node takes count as one label, however many are sent
+            assert forged.call({"op": f"forged-{i}"}, [], 10)[0]["error"] == "invalid"
+        forged.close()
         ports = [c.metrics[e] for e in c._map.endpoints]
         assert [n["metrics_port"] for n in client.status()["nodes"]] == ports
         deadline = time.monotonic() + 30
@@ -593,6 +597,7 @@ def test_nodes_serve_prometheus_metrics():
             assert m["ectable_data_rows"] == 1000 and m["ectable_parity_rows"] == 500 and m["ectable_tables"] == 1
             assert m['ectable_requests_total{op="write"}'] >= 1 and m["ectable_rebuilding"] == 0
             assert m["ectable_resident_bytes"] > 1 << 20 and m["ectable_dirty_rows"] == 0
+        assert scraped[0]['ectable_requests_total{op="unknown"}'] == 3 and not any("forged" in k for k in scraped[0])
         assert sum(m["ectable_rows_written_total"] for m in scraped) == 3000
         assert sum(m["ectable_rows_read_total"] for m in scraped) >= 100
         client.close()

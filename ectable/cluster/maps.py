@@ -19,7 +19,7 @@ from ..membership import MembershipUnavailable
 from ..protocol.messages import Ping
 from ..transport import ZmqChannel
 from . import plans
-from .store import ClusterStore, open_store
+from .store import ClusterStore, open_store, own_connection
 
 MAP_RECHECK = 0.2  # seconds between map reads while a request waits on a node
 DEATH_WAIT = 10.0  # how long a client waits for a node it could not reach to be failed over
@@ -321,7 +321,7 @@ class ZmqStoredMap(StoredMap):
         lease lapses."""
         if self._keeper is not None:  # the writer before, whose lease lapsed
             self._keeper.close()
-        keeper = _WriterLease(self.store.membership.endpoints, self.store, writer, writer_patience(self.config))
+        keeper = _WriterLease(self.store, writer, writer_patience(self.config))
         lease = keeper.lease
         self._keeper, self._fence = keeper, keeper.fence
         keeper.start()
@@ -410,11 +410,8 @@ class _MapReader(threading.Thread):
 
     def __init__(self, store: ClusterStore):
         super().__init__(name="map-reader", daemon=True)
-        endpoints = getattr(store.membership, "endpoints", None)
-        if endpoints:
-            from ..membership.etcd import EtcdMembership
-            store = ClusterStore(EtcdMembership(endpoints), store.prefix)
-        self.store, self.own = store, bool(endpoints)
+        self.store = own_connection(store)
+        self.own = self.store is not store
         self.wanted, self.closed = threading.Event(), False
         self.last: tuple | None = None
         self.lock = threading.Lock()
@@ -453,10 +450,9 @@ class _WriterLease(threading.Thread):
     """Keeps a writer's registration alive every WRITER_TTL / 6 s until the lease lapses (`fence`); revokes
     it on close."""
 
-    def __init__(self, endpoints: list[str], store: ClusterStore, writer: str, patience: float):
+    def __init__(self, store: ClusterStore, writer: str, patience: float):
         super().__init__(name="writer-lease", daemon=True)
-        from ..membership.etcd import EtcdMembership
-        self.store = ClusterStore(EtcdMembership(endpoints), store.prefix)
+        self.store = own_connection(store)
         self.fence = WriterFence(clock.monotonic(), patience)
         self.lease = self.store.membership.grant(WRITER_TTL)
         self.store.register_writer(writer, self.lease)

@@ -136,6 +136,15 @@ class ClusterStore:
         return [Compare(self.decider_key, "value", name.encode())]
 
 
+def own_connection(store: ClusterStore) -> ClusterStore:
+    """The same cluster store over a new connection (for a thread of its own), where its backend has connections."""
+    endpoints = getattr(store.membership, "endpoints", None)
+    if not endpoints:
+        return store
+    from ..membership.etcd import EtcdMembership
+    return ClusterStore(EtcdMembership(endpoints), store.prefix)
+
+
 def open_store(section: dict) -> ClusterStore:
     """The cluster store a TOML `[membership]` section names: etcd `endpoints`, key `prefix`."""
     from ..membership.etcd import EtcdMembership

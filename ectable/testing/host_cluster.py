@@ -33,7 +33,6 @@ class HostCluster:
                  r: int = 1, etcd: int = 3, deciders: int = 2, trainers: int = 2):
         self.hosts, self.workdir = hosts, workdir
         self.nodes, self.spares = nodes, spares
-        self.procs: dict[str, subprocess.Popen] = {}
         os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
         names = ([f"etcd-{i}" for i in range(etcd)] + [f"decider-{i}" for i in range(deciders)]
                  + [f"node-{i}" for i in range(nodes)] + [f"spare-{i}" for i in range(spares)] + ["ops"]
@@ -59,7 +58,7 @@ class HostCluster:
         for host, key in own.items():
             security = cluster_config.load(os.path.join(keys, f"{key}.toml"))["security"]
             data = dict(shared) if host.startswith(("node", "spare", "decider")) else {"membership": shared["membership"]}
-            self._write(self.file(host), {**data, "security": security})
+            cluster_config.write_private(self.file(host), {**data, "security": security})
 
     def endpoint(self, host: str) -> str:
         return f"tcp://{self.hosts.addresses[host]}:{NODE_PORT}"
@@ -68,21 +67,13 @@ class HostCluster:
         """The TOML file of the process on `host`."""
         return os.path.join(self.workdir, f"{host}.toml")
 
-    @staticmethod
-    def _write(path: str, data: dict) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(cluster_config.dumps(data))
-
     def log(self, host: str) -> str:
         return os.path.join(self.workdir, "logs", f"{host}.log")
 
     def start(self, host: str, argv: list[str]) -> subprocess.Popen:
         """Run `argv` on `host`, its output to the host's log (replacing what ran there before)."""
         with open(self.log(host), "ab") as log:
-            proc = self.hosts.popen(host, argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        self.procs[host] = proc
-        return proc
+            return self.hosts.popen(host, argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
     # -- the cluster -------------------------------------------------------
     def up(self, timeout: float = 120.0) -> None:
