@@ -44,6 +44,7 @@ class Shard:
         self.versions = np.zeros(self.parity.shape[0], dtype=np.int64)  # degraded writes each parity row holds
         self.window = Window(layout.data_capacity(), self.width, modified=rebuilding)  # a replacement: all rows
         self.marks = {"checkpoint": None, "full": None}  # the chain its flags were cleared for (`snapshots`)
+        self.frozen: tuple = ()  # checkpoint copies still taking rows as they were (`snapshots.Frozen`)
         local_ids = layout.data_ids(node, np.arange(layout.data_capacity()))
         valid = local_ids < spec.num_rows
         self.rows = int(valid.sum())
@@ -155,6 +156,8 @@ class Shard:
 
     def commit(self, local, rows) -> None:
         """Install new records of local rows (from `updated`), adding their changes to the window."""
+        for frozen in self.frozen:
+            frozen.save(local)
         self.window.record(local, self.records[local], rows)
         self.records[local] = rows
 
@@ -212,6 +215,8 @@ class Shard:
         """Install rebuilt data records, skipping rows already rebuilt (they may be newer)."""
         local = self.layout.data_offset(ids)
         todo = self.missing_data[local]
+        for frozen in self.frozen:
+            frozen.save(local[todo])
         self.records[local[todo]] = records[todo]
         self._computed(0, local[todo])
         self.missing_data[local[todo]] = False

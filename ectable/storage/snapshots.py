@@ -1,6 +1,7 @@
-"""A node's side of a checkpoint: at the cut, an in-memory copy of the rows each table must write
-(`take`); then their pieces quantized, compressed and written from a background thread (`Writer`),
-so the training loop pays only for the copy.
+"""A node's side of a checkpoint: at the cut, which rows each table must write (`take`), frozen as they
+are then (`Frozen`: copied by the writer a slice at a time, or by the shard just before a write changes
+one); then their pieces quantized, compressed and written from a background thread (`Writer`), so the
+training loop pays only for finding the rows.
 
 Which rows a checkpoint writes follows from the window's flags (`Window.modified`): a full one writes
 every row ever written (the others hold their initial values, a pure function of the table's seed,
@@ -22,6 +23,7 @@ from ..checkpoint.policy import KINDS
 from .shard import Shard
 
 PIECE_BYTES = 32 << 20  # float32 bytes of rows per piece, before quantization and compression
+COPY_ROWS = 1 << 14
 
 
 def fits(shard: Shard, kind: str, root: str, after: int | None, base: int | None) -> bool:
@@ -33,20 +35,66 @@ def fits(shard: Shard, kind: str, root: str, after: int | None, base: int | None
     return mark is None or mark == [root, after if kind == "incremental" else base]
 
 
-def take(shard: Shard, kind: str, root: str, number: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row ids, records copied) that checkpoint `number` of chain `root` writes of `shard`, with its
-    flags cleared for it."""
+def take(shard: Shard, kind: str, root: str, number: int) -> tuple[np.ndarray, "Frozen"]:
+    """(row ids, their records as of now) that checkpoint `number` of chain `root` writes of `shard`, with
+    its flags cleared for it."""
     local = shard.window.modified({"full": "ever", "incremental": "checkpoint", "differential": "full"}[kind])
     ids = shard.layout.data_ids(shard.node, local)
     real = ids < shard.spec.num_rows  # not the last stripe's padding
     if not real.all():
         local, ids = local[real], ids[real]
-    records = shard.records[local]  # a copy: writes after the cut do not reach it
+    records = Frozen(shard, local)  # writes after the cut do not reach it
     shard.window.checkpointed(full=kind == "full")
     shard.marks["checkpoint"] = [root, number]
     if kind == "full":
         shard.marks["full"] = [root, number]
     return ids, records
+
+
+class Frozen:
+    """Records of a shard's rows `local` (ascending) as of its creation, read by slices (`frozen[a:b]`). Each
+    row is copied once: by a read, or by the shard (`save`) just before a write changes it, whichever comes
+    first; until every row is copied or `release()`, the shard saves rows into it."""
+
+    def __init__(self, shard: Shard, local: np.ndarray):
+        self.shard, self.local = shard, local
+        self.rows = np.empty((local.size, shard.width), dtype=np.float32)  # pages are touched as rows are copied
+        self.copied = np.zeros(local.size, dtype=bool)
+        self.shape = self.rows.shape
+        self.chunk = COPY_ROWS  # rows a read copies at a time while writes to the shard wait
+        self._left = local.size
+        self._lock = threading.Lock()
+        if self._left:
+            shard.frozen = shard.frozen + (self,)
+
+    def save(self, local: np.ndarray) -> None:
+        """Rows `local` of the shard are about to change: copy those of them not copied yet."""
+        at = np.searchsorted(self.local, local)
+        inside = at < self.local.size
+        at = at[inside]
+        at = at[self.local[at] == local[inside]]
+        with self._lock:
+            self._copy(np.unique(at[~self.copied[at]]))
+
+    def __getitem__(self, part: slice) -> np.ndarray:
+        start, stop, _ = part.indices(self.local.size)
+        for first in range(start, stop, self.chunk):
+            at = np.arange(first, min(first + self.chunk, stop))
+            with self._lock:
+                self._copy(at[~self.copied[at]])
+        return self.rows[start:stop]
+
+    def _copy(self, at: np.ndarray) -> None:
+        if at.size:
+            self.rows[at] = self.shard.records[self.local[at]]
+            self.copied[at] = True
+            self._left -= at.size
+            if self._left == 0:
+                self.release()
+
+    def release(self) -> None:
+        """Stop saving rows into this copy (all are copied, or it is given up)."""
+        self.shard.frozen = tuple(f for f in self.shard.frozen if f is not self)
 
 
 class Writer:
@@ -86,16 +134,18 @@ class Writer:
                     if self._cancelled:
                         raise RuntimeError("superseded by a later checkpoint")
                     part = slice(start, start + step)
-                    data = pieces.encode_piece(table, ids[part], records[part, :dim], records[part, dim:],
+                    rows = records[part]
+                    data = pieces.encode_piece(table, ids[part], rows[:, :dim], rows[:, dim:],
                                                self.bits, self.adaptive, self.state_bits)
                     entry = pieces.write_piece(fs, directory, data, f"{self.prefix}-t{n}")
                     self.pieces.append({**entry, "table": table, "rows": int(ids[part].size)})
                     self.written += int(ids[part].size)
                     self.bytes += entry["bytes"]
-            self.work = []  # the copies are freed as soon as they are written
         except Exception as exc:  # reported to the client, which fails the checkpoint
             self.error = f"{type(exc).__name__}: {exc}"[:500]
         finally:
+            self._release()
+            self.work = []  # the copies are freed as soon as they are written (or given up)
             self.seconds = time.monotonic() - self._began
             self.done = True
 
@@ -110,3 +160,9 @@ class Writer:
     def cancel(self) -> None:
         """Stop before the next piece: a later checkpoint supersedes this one (whose client gave it up)."""
         self._cancelled = True
+        self._release()
+
+    def _release(self) -> None:
+        for _, _, _, records in list(self.work):
+            if isinstance(records, Frozen):
+                records.release()
