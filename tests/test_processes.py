@@ -460,7 +460,7 @@ def test_nodes_started_from_a_config_file(tmp_path):
             spare = f"tcp://127.0.0.1:{free_ports(1)[0]}"
             added = subprocess.run([*run, "spare", "add", "late", spare, "--config", str(toml)], capture_output=True,
                                    text=True)
-            assert added.returncode == 0 and f"--name late" in added.stdout, added.stderr
+            assert added.returncode == 0 and "--name late" in added.stdout, added.stderr
             again = subprocess.run([*run, "spare", "add", "late", spare, "--config", str(toml)], capture_output=True,
                                    text=True)
             assert again.returncode == 1 and "names a node 'late' already" in again.stderr
