@@ -151,33 +151,6 @@ def test_deltas_apply_exactly_once_over_the_wire(cluster):
     check_parity(c, client)
 
 
-def test_a_rebuilds_requests_are_answered_after_the_requests_of_training_waiting_beside_them(cluster):
-    c, _ = cluster
-    pid = c.node_pids()[1]
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.connect(c.endpoints[1])
-
-    def send(*headers):
-        for header in headers:
-            sock.send_multipart(codec.encode({"op": "ping", **header}, []))
-
-    def replies(n):
-        return [codec.decode(sock.recv_multipart())[0]["id"] for _ in range(n) if sock.poll(5000)]
-
-    try:
-        send({"id": 0})
-        assert replies(1) == [0]  # connected
-        os.kill(pid, signal.SIGSTOP)  # the requests wait at the node, which then reads them in one go
-        try:
-            send({"id": 1, "bulk": True}, {"id": 2}, {"id": 3, "bulk": True}, {"id": 4})
-            time.sleep(0.3)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        assert replies(4) == [2, 4, 1, 3]
-    finally:
-        sock.close(0)
-
-
 def test_concurrent_client_processes(tmp_path):
     with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1) as c:
         client = c.connect()

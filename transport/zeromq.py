@@ -81,10 +81,8 @@ class ZmqChannel(Channel):
     """Requests to the node at `endpoint`; `alive()` (optional) lets a wait end early when the node died."""
 
     def __init__(self, endpoint: str, context: zmq.Context, curve: dict | None = None, alive: Callable | None = None,
-                 connect_timeout: float = 5.0, bulk: bool = False):
-        """`bulk`: every request is marked as one the node may answer after others waiting (a rebuild's)."""
+                 connect_timeout: float = 5.0):
         self.endpoint, self._context, self._curve, self._alive = endpoint, context, curve, alive
-        self._mark = {"bulk": True} if bulk else {}
         self.connect_timeout = connect_timeout
         self._ids = itertools.count(1)
         self._replies: dict[int, tuple] = {}
@@ -120,7 +118,7 @@ class ZmqChannel(Channel):
 
     def start(self, header, arrays):
         rid = next(self._ids)
-        frames = codec.encode({**header, **self._mark, "id": rid}, arrays)
+        frames = codec.encode({**header, "id": rid}, arrays)
         deadline = time.monotonic() + self.connect_timeout
         while True:
             try:

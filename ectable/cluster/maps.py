@@ -294,7 +294,6 @@ class ZmqStoredMap(StoredMap):
 
     context: zmq.Context | None = None  # until _attach
     rebuilds_itself = True  # a rebuilding node process pulls its rows itself
-    bulk = False  # its requests are a rebuild's: nodes answer them after the requests of training
 
     def _attach(self, store: ClusterStore, curve: dict | None = None) -> None:
         self.context = zmq.Context()
@@ -302,7 +301,7 @@ class ZmqStoredMap(StoredMap):
         super()._attach(store)
 
     def _open_channel(self, endpoint: str) -> ZmqChannel:
-        return ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint), bulk=self.bulk)
+        return ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint))
 
     def _recheck(self) -> None:
         """While a request waits: the map as the background reader last read it (asked for again every
@@ -359,9 +358,7 @@ class ZmqStoredMap(StoredMap):
 class RemoteCluster(ZmqStoredMap, ClusterMap):
     """A cluster started elsewhere, reached through its membership store (`ectable.connect`)."""
 
-    def __init__(self, membership: dict, curve: dict | None = None, bulk: bool = False):
-        """`bulk`: a rebuilder's cluster, whose requests wait while training's are served."""
-        self.bulk = bulk
+    def __init__(self, membership: dict, curve: dict | None = None):
         self._attach(open_store(membership), curve)
         ClusterMap.__init__(self, ClusterConfig(**self._map.config))
 

@@ -8,7 +8,6 @@ spare, later), the endpoints of its peers and the positions that are dead.
 """
 from __future__ import annotations
 
-import collections
 import faulthandler
 import os
 import signal
@@ -35,7 +34,6 @@ RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02
 FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas", "hold_deltas_to"}
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
-BULK_WAIT = 0.05  # seconds a rebuild's request waits at most while requests of training come first
 
 METRICS_EVERY = 1.0  # seconds between updates of the metrics' gauges
 
@@ -65,7 +63,6 @@ class NodeServer(NodeHost):
         self.faults: dict[str, float] = {}  # armed by the owning cluster's `fault` op, for tests
         self.fault_hits = 0
         self.last_request = 0.0
-        self.deferred: collections.deque = collections.deque()  # a rebuild's requests, answered when no other waits
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.metrics = None if metrics is None else NodeMetrics(metrics)  # Prometheus, on this port
@@ -131,14 +128,15 @@ class NodeServer(NodeHost):
     def serve(self) -> None:
         while self.running:
             busy = self.node is not None and (self.node.close_pending or self.node.queued)
-            events = dict(self.poller.poll(0 if self.deferred else int((GRACE if busy else TICK) * 1000)))
+            events = dict(self.poller.poll(int((GRACE if busy else TICK) * 1000)))
             if self.router in events:
+                self.last_request = time.monotonic()
                 for _ in range(64):  # a burst at most, then the peers get a turn
                     try:
                         frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    self.receive(frames)
+                    self.answer(frames)
             for target, sock in list(self.peers.items()):
                 if sock in events:
                     self.read_acks(target, sock)
@@ -160,7 +158,6 @@ class NodeServer(NodeHost):
                     self.send_outbox()
                 elif self.node.queued:
                     self.node.apply_queued()
-            self.answer_deferred()
             if self.parent and os.getppid() != self.parent:
                 break  # the process that started us is gone: never outlive it
         self.close()
@@ -174,27 +171,14 @@ class NodeServer(NodeHost):
             age = node.clock() - node.window_opened if node.write_seq != node.closed_upto else 0.0
             self.metrics.update({**node.status(), "rss_bytes": resident_bytes()}, age)
 
-    def receive(self, frames) -> None:
-        """Answer a request now, or, if it is a rebuild's (marked "bulk"), once no other request waits."""
+    def answer(self, frames) -> None:
+        identity, body = frames[0], frames[1:]
         try:
-            header, arrays = codec.decode(frames[1:])
+            header, arrays = codec.decode(body)
         except Exception as exc:  # Malformed, or anything a decoder bug lets through: never die of input
             self.malformed += 1
-            self._reply(frames[0], messages.error(ErrorCode.MALFORMED, str(exc)), [])
+            self._reply(identity, messages.error(ErrorCode.MALFORMED, str(exc)), [])
             return
-        if header.get("bulk") is True:
-            self.deferred.append((time.monotonic(), frames, header, arrays))
-        else:
-            self.last_request = time.monotonic()
-            self.answer(frames, header, arrays)
-
-    def answer_deferred(self) -> None:
-        """Answer the oldest deferred request if no other request waits, or if it waited BULK_WAIT already."""
-        if self.deferred and (not self.router.poll(0) or time.monotonic() - self.deferred[0][0] > BULK_WAIT):
-            self.answer(*self.deferred.popleft()[1:])
-
-    def answer(self, frames, header: dict, arrays: list) -> None:
-        identity, body = frames[0], frames[1:]
         rid = header.get("id")
         key = body[0].get("User-Id") if self.keys else None  # the sender's public key, as CURVE proved it
         try:

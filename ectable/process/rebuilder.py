@@ -60,7 +60,7 @@ class Rebuilder(threading.Thread):
     def run(self) -> None:
         from ..cluster.maps import RemoteCluster
         try:
-            cluster = RemoteCluster(self.membership, self.curve, bulk=True)
+            cluster = RemoteCluster(self.membership, self.curve)
         except Error:
             return  # no store to reach: the node starts another rebuilder a second later
         try:
