@@ -63,6 +63,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.node_time --scale $(SCALE)
 	$(PY) -m bench.quantize
 	$(PY) -m bench.checkpoint $(CKPT_ARGS)
+	$(PY) -m bench.checkpoint $(CKPT_ARGS) --trained
 	$(PY) -m bench.checkpoint_accuracy
 	$(PY) -m bench.torch_adapter $(TORCH_ARGS)
 	$(PY) -m bench.torch_adapter $(TORCH_ARGS) --compute-ms 20

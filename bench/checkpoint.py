@@ -12,7 +12,11 @@ checkpoints and with one every `--every` iterations under each setting below. Pe
   fp32 checkpoints (Check-N-Run reports both: write bandwidth and storage capacity);
 - the time to restore the last checkpoint into a new cluster (rs(4,2) on 6 node processes).
 
-    python -m bench.checkpoint --scale 0.1 --iters 400 --every 100
+With `--trained`, every row is written once before the timed loop, as it is after a first epoch
+of real data (whose vocabularies hold only ids that occur in it): a full checkpoint then writes
+every row, as it does for the rest of a long training run.
+
+    python -m bench.checkpoint --scale 0.1 --iters 400 --every 100 [--trained]
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import ectable
 from ectable.checkpoint.history import Chain
 
 from .common import report
-from .train_loop import WARMUP, create_tables, iteration
+from .train_loop import WARMUP, create_tables, iteration, touch_all
 from .workloads import DIM, WORKLOADS, Workload
 
 SETTINGS = [  # (name, policy, bits, adaptive)
@@ -43,12 +47,16 @@ SETTINGS = [  # (name, policy, bits, adaptive)
 WIDTH = DIM + 1  # rowwise_adagrad: weights and one state value
 
 
-def loop(work: Workload, compute: float, every: int, setting: tuple | None, directory: str) -> dict:
+def loop(work: Workload, compute: float, every: int, setting: tuple | None, directory: str,
+         trained: bool = False) -> dict:
     """Seconds of the timed iterations; with a setting, a checkpoint every `every` iterations: pauses, write
-    times, rows and bytes per checkpoint, bytes a restore of the last reads, and that restore's seconds."""
+    times, rows and bytes per checkpoint, bytes a restore of the last reads, and that restore's seconds.
+    `trained`: every row written once first."""
     with ectable.LocalCluster(nodes=6, code="xor", k=4, r=1) as cluster:
         client = cluster.connect()
         create_tables(client, work, init="normal")
+        if trained:
+            touch_all(client, work)
         paused, start = [], 0.0
         for n, batch in enumerate(work.batches):
             if n == WARMUP:
@@ -93,14 +101,15 @@ def main():
     parser.add_argument("--scale", type=float, default=0.1)
     parser.add_argument("--iters", type=int, default=400)
     parser.add_argument("--every", type=int, default=100, help="iterations between checkpoints")
+    parser.add_argument("--trained", action="store_true", help="every row written once first (as after an epoch)")
     parser.add_argument("--compute-ms", type=float, default=20.0, help="the model's own step per iteration")
     args = parser.parse_args()
     work = WORKLOADS[args.workload](args.iters + WARMUP, args.scale)
     compute = args.compute_ms / 1000
-    results = {"no checkpoints": loop(work, compute, args.every, None, "")}
+    results = {"no checkpoints": loop(work, compute, args.every, None, "", args.trained)}
     for setting in SETTINGS:
         with tempfile.TemporaryDirectory(prefix="ectable-bench-ckpt-") as tmp:
-            results[setting[0]] = loop(work, compute, args.every, setting, tmp + "/chain")
+            results[setting[0]] = loop(work, compute, args.every, setting, tmp + "/chain", args.trained)
     table = np.ones((sum(work.sizes.values()), WIDTH), dtype=np.float32)  # every record of the workload
     for r in list(results.values())[1:]:
         r["copy_seconds"] = [copy_seconds(table, n) for n in r["rows"]]
@@ -116,12 +125,12 @@ def main():
                      round(r["restore_bytes"] / 2**20, 2), round(full["restore_bytes"] / r["restore_bytes"], 2),
                      round(r["restore_seconds"], 2)])
     print(f"\n{work.describe()}; {args.iters} iterations, a checkpoint every {args.every}, {args.compute_ms:g} ms "
-          f"model step, xor(4,1) on 6 node processes")
-    report(f"checkpoint_{args.workload}",
+          f"model step, xor(4,1) on 6 node processes" + ("; every row trained once first" if args.trained else ""))
+    report(f"checkpoint_{args.workload}" + ("_trained" if args.trained else ""),
            ["setting", "vs none", "pause ms", "copy ms", "pause/copy", "write s", "rows/ckpt", "MiB/ckpt",
             "fp32/this", "restore MiB", "fp32/this", "restore s"], rows,
            {"results": results, "iters": args.iters, "every": args.every, "compute_ms": args.compute_ms,
-            "workload": work.describe()})
+            "workload": work.describe(), "trained": args.trained})
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from ectable.codes import get_code
 from ectable.testing import read_records
 
 from .common import report
-from .train_loop import create_tables, full_checkpoint
+from .train_loop import create_tables, full_checkpoint, touch_all
 from .workloads import DIM, WORKLOADS, Workload
 
 K = 4
@@ -47,17 +47,6 @@ def make_cluster(work: Workload, spares: int = 1, share: float = 1.0):
     client = cluster.connect()
     create_tables(client, work, init="uniform")
     return cluster, client
-
-
-def touch_all(client, work: Workload) -> None:
-    """One gradient step on every row, so records and parity are not the initial values."""
-    grads = np.random.default_rng(0).standard_normal((1 << 17, DIM)).astype(np.float32)
-    for t, rows in work.sizes.items():
-        for lo in range(0, rows, 1 << 17):
-            ids = np.arange(lo, min(rows, lo + (1 << 17)))
-            client.apply_gradient(t, ids, grads[:ids.size])
-            client.step()
-    client.flush()
 
 
 def rebuild_time(client, cluster, victim: int = 2) -> tuple[float, int]:

@@ -80,6 +80,17 @@ def create_tables(client, work: Workload, init: str = "zeros") -> None:
         client.create_table(t, num_rows=rows, dim=DIM, optimizer="rowwise_adagrad", init=init)
 
 
+def touch_all(client, work: Workload) -> None:
+    """One gradient step on every row, so records and parity are not the initial values."""
+    grads = np.random.default_rng(0).standard_normal((1 << 17, DIM)).astype(np.float32)
+    for t, rows in work.sizes.items():
+        for lo in range(0, rows, 1 << 17):
+            ids = np.arange(lo, min(rows, lo + (1 << 17)))
+            client.apply_gradient(t, ids, grads[:ids.size])
+            client.step()
+    client.flush()
+
+
 def iteration(api, work: Workload, batch: dict, compute: float) -> None:
     """One training iteration through `api` (a client, or anything with its verbs): read the batch's rows,
     a model step of `compute` seconds off the trainer's CPU, apply the gradients, step."""
