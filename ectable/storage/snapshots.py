@@ -23,7 +23,7 @@ from ..checkpoint.policy import KINDS
 from .shard import Shard
 
 PIECE_BYTES = 32 << 20  # float32 bytes of rows per piece, before quantization and compression
-COPY_ROWS = 1 << 14
+COPY_ROWS = 1 << 14  # rows a writer copies at a time, holding writes to their shard back meanwhile
 
 
 def fits(shard: Shard, kind: str, root: str, after: int | None, base: int | None) -> bool:
