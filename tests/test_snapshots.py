@@ -31,7 +31,7 @@ def owned(s: Shard) -> np.ndarray:
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_the_writer_reads_every_row_as_it_was_at_the_cut_whatever_is_written_meanwhile(data):
-    s, ids = shard(), None
+    s = shard()
     mine = owned(s)
     write(s, mine[data.draw(st.lists(st.integers(0, mine.size - 1), min_size=1, max_size=60))], 0)
     ids, frozen = snapshots.take(s, "incremental", "chain", 1)

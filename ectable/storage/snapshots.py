@@ -60,12 +60,15 @@ class Frozen:
         self.shard, self.local = shard, local
         self.rows = np.empty((local.size, shard.width), dtype=np.float32)  # pages are touched as rows are copied
         self.copied = np.zeros(local.size, dtype=bool)
-        self.shape = self.rows.shape
         self.chunk = COPY_ROWS  # rows a read copies at a time while writes to the shard wait
         self._left = local.size
         self._lock = threading.Lock()
         if self._left:
             shard.frozen = shard.frozen + (self,)
+
+    @property
+    def shape(self) -> tuple:
+        return self.rows.shape
 
     def save(self, local: np.ndarray) -> None:
         """Rows `local` of the shard are about to change: copy those of them not copied yet."""
