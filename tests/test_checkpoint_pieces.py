@@ -108,3 +108,35 @@ def test_damaged_piece_bytes_decode_or_are_refused_never_crash(flips, cut):
         assert str(exc).startswith("p: ")
     else:
         assert got["weights"].shape == (got["rows"], got["dim"])
+
+
+@pytest.mark.parametrize("ids", [np.arange(0, 3000, 3), np.array([5]), np.array([], dtype=np.int64),
+                                 np.array([7, 2, 9]), np.array([1, 1, 2]), np.array([0, 1 << 33, (1 << 33) + 70_000])])
+def test_ids_read_back_whatever_their_order_and_gaps(ids):
+    ids = ids.astype(np.int64)
+    weights, state = np.ones((ids.size, 4), np.float32), np.zeros((ids.size, 1), np.float32)
+    got = pieces.decode_piece(pieces.encode_piece("t", ids, weights, state))
+    np.testing.assert_array_equal(got["ids"], ids)
+    assert got["ids"].dtype == np.int64 and got["rows"] == ids.size
+
+
+def test_ascending_ids_take_far_less_than_eight_bytes_a_row():
+    rng = np.random.default_rng(3)
+    weights, state = np.zeros((100_000, 1), np.float32), np.zeros((100_000, 0), np.float32)
+    contiguous = pieces.encode_piece("t", np.arange(100_000), weights, state)
+    sparse = np.sort(rng.choice(400_000, 100_000, replace=False))
+    scattered = pieces.encode_piece("t", sparse, weights, state)
+    shuffled = pieces.encode_piece("t", rng.permutation(sparse), weights, state)
+    assert len(contiguous) < 10_000 and len(scattered) < 150_000 < 400_000 < len(shuffled)
+
+
+def test_a_piece_of_the_earlier_format_still_reads():
+    """tests/fixtures/piece-v2-4bit.ectp: written by `ECTABLE-PIECE-2` code (ids always int64)."""
+    with open(__file__.rsplit("/", 1)[0] + "/fixtures/piece-v2-4bit.ectp", "rb") as f:
+        got = pieces.decode_piece(f.read())
+    rng = np.random.default_rng(7)
+    ids = np.sort(rng.choice(100_000, 40, replace=False))
+    weights = rng.normal(0, 0.1, (40, 8)).astype(np.float32)
+    np.testing.assert_array_equal(got["ids"], ids)
+    assert got["table"] == "golden" and got["bits"] == 4 and got["state"].shape == (40, 1)
+    assert np.abs(got["weights"] - weights).max() <= (np.ptp(weights, axis=1).max() / 15) / 2 + 1e-6

@@ -3,7 +3,9 @@ reads, what can be deleted; checked against a model of a table's rows written be
 import pytest
 from hypothesis import given, strategies as st
 
-from ectable.checkpoint.policy import Policy, Taken, deletable, next_kind, restore_chain
+import numpy as np
+
+from ectable.checkpoint.policy import Policy, Taken, deletable, next_differential, next_kind, restore_chain
 from ectable.errors import InvalidRequest
 
 
@@ -24,6 +26,25 @@ def test_each_policy_chooses_its_kinds():
     # half a full one: a new baseline instead
     assert _kinds(Policy("intermittent", 0.5), rows) == ["full", "differential", "differential", "differential",
                                                           "full", "differential", "differential"]
+
+
+def test_one_differential_is_not_taken_to_grow_by_itself():
+    """After a differential of 280 rows of 1,000, the next is estimated at 2 * 280 - 280^2 / 1000 = 481.6 (rows
+    touched again are not new), under the threshold of 500; 300 rows would give 510, over it."""
+    assert next_differential([Taken(0, "full", 1000, 1000), Taken(1, "differential", 280, 1000)]) == 481.6
+    assert _kinds(Policy("intermittent", 0.5), [0, 280, 400]) == ["full", "differential", "differential"]
+    assert _kinds(Policy("intermittent", 0.5), [0, 300, 400]) == ["full", "differential", "full"]
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=50), st.integers(1, 6))
+def test_the_estimate_is_at_least_the_expected_differential(chances, taken):
+    """Rows touched in each interval with chance p_i (the same every interval): after k intervals a differential
+    is expected to hold sum(1 - (1 - p)^k) rows; the estimate from the ones before is never below that."""
+    p = np.array(chances)
+    expected = [float((1 - (1 - p) ** k).sum()) for k in range(1, taken + 2)]
+    history = [Taken(0, "full", p.size, p.size)] + [Taken(k, "differential", e, p.size)
+                                                    for k, e in enumerate(expected[:-1], 1)]
+    assert next_differential(history) >= expected[-1] - 1e-9
 
 
 def test_restore_chains():

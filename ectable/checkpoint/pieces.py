@@ -3,7 +3,10 @@
 A checkpoint is a directory (a local path or any `fsspec` URL) holding pieces and one
 `manifest.json`. A piece holds some rows of one table, by row id, so it does not depend on
 the layout of the cluster that wrote it: their ids, their weights (quantized, `quantize.py`,
-or exact float32) and their optimizer state (exact unless quantized on request). Its bytes are MAGIC, then one lz4 frame
+or exact float32) and their optimizer state (exact unless quantized on request). Ascending ids
+are stored as the first one and the gaps after it, in the narrowest unsigned type that holds
+them (a full checkpoint's gaps are all alike and compress to almost nothing; a differential's
+take a byte or two a row instead of eight); other ids as int64. Its bytes are MAGIC, then one lz4 frame
 of the msgpack list of the message frames `transport.codec` makes of them (the wire format:
 a header naming each array's dtype and shape, then the arrays' raw bytes), so decoding a
 piece checks it as strictly as a message from the network. The
@@ -26,7 +29,8 @@ from ..errors import Error
 from ..transport import codec
 from . import quantize
 
-MAGIC = b"ECTABLE-PIECE-2\n"
+MAGIC = b"ECTABLE-PIECE-3\n"
+OLD_MAGIC = b"ECTABLE-PIECE-2\n"  # ids always int64; still read
 MANIFEST = "manifest.json"
 FORMAT = 1
 
@@ -44,13 +48,47 @@ def encode_piece(table: str, ids: np.ndarray, weights: np.ndarray, state: np.nda
                  bits: int | None = None, adaptive: bool = False, state_bits: int | None = None) -> bytes:
     """A piece's bytes: rows `ids` of `table`, their weights float32 [n, dim] (as `bits`-bit codes, or exact
     if None) and optimizer state float32 [n, s] (exact, or as `state_bits`-bit codes)."""
-    ids = np.asarray(ids, dtype=np.int64)
-    header = {"table": table, "rows": int(ids.size), "dim": int(weights.shape[1]), "bits": bits,
-              "adaptive": bool(adaptive and bits is not None), "state_bits": state_bits,
-              "state_width": int(state.shape[1])}
-    arrays = [ids, *_stored(weights, bits, adaptive), *_stored(state, state_bits, False)]
+    first, ids = _gaps(np.asarray(ids, dtype=np.int64))
+    header = {"table": table, "rows": int(ids.size + (first is not None)), "dim": int(weights.shape[1]),
+              "gap_bytes": ids.itemsize,
+              "bits": bits, "adaptive": bool(adaptive and bits is not None), "state_bits": state_bits,
+              "state_width": int(state.shape[1]), "first": first}
+    arrays = [ids if first is None else ids.view(np.uint8), *_stored(weights, bits, adaptive), *_stored(state, state_bits, False)]
     frames = codec.encode(header, arrays)
     return MAGIC + lz4.frame.compress(msgpack.packb([bytes(f) for f in frames], use_bin_type=True))
+
+
+def _gaps(ids: np.ndarray) -> tuple[int | None, np.ndarray]:
+    """(first id, the gaps after it as uint8, uint16 or uint32) of ascending ids; (None, ids) of others."""
+    if ids.size == 0 or ids[0] < 0:
+        return None, ids
+    gaps = np.diff(ids)
+    if gaps.size and (gaps.min() <= 0 or gaps.max() >= 1 << 32):
+        return None, ids
+    top = int(gaps.max()) if gaps.size else 0
+    dtype = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.uint32
+    return int(ids[0]), gaps.astype(dtype)
+
+
+def _ids(first: int | None, width, stored: np.ndarray) -> np.ndarray:
+    """Row ids int64 of what `_gaps` stored (gaps as bytes, `width` bytes each); ValueError if they are not
+    its output."""
+    if first is None:
+        if stored.dtype != np.int64:
+            raise ValueError("its ids are not int64")
+        return stored
+    types = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+    if not isinstance(first, int) or not 0 <= first < 1 << 62 or width not in types or stored.dtype != np.uint8 \
+            or stored.size % width:
+        raise ValueError("its ids are not ascending gaps after a first id")
+    stored = stored.view(types[width])
+    if stored.size and stored.min() == 0:
+        raise ValueError("its ids are not ascending")
+    ids = np.empty(stored.size + 1, dtype=np.int64)
+    ids[0] = first
+    np.cumsum(stored, dtype=np.int64, out=ids[1:])
+    ids[1:] += first
+    return ids
 
 
 def _stored(values: np.ndarray, bits: int | None, adaptive: bool) -> list:
@@ -73,8 +111,9 @@ def decode_piece(data: bytes, name: str = "piece") -> dict:
     """{table, rows, dim, bits, adaptive, state_bits, ids, weights float32 [n, dim], state float32 [n, s]} of a
     piece's bytes; BadCheckpoint naming `name` if they are not one."""
     try:
-        if not data.startswith(MAGIC):
+        if not data.startswith((MAGIC, OLD_MAGIC)):
             raise ValueError("not a piece of an ectable checkpoint")
+        old = data.startswith(OLD_MAGIC)
         frames = msgpack.unpackb(lz4.frame.decompress(data[len(MAGIC):]), raw=False)
         if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
             raise ValueError("its body is not a list of frames")
@@ -86,7 +125,7 @@ def decode_piece(data: bytes, name: str = "piece") -> dict:
         count = 1 + (1 if bits is None else 3) + (1 if state_bits is None else 3)
         if len(arrays) != count:
             raise ValueError(f"it holds {len(arrays)} arrays, not {count}")
-        ids = arrays[0]
+        ids = _ids(None if old else header["first"], None if old else header["gap_bytes"], arrays[0])
         weights, rest = _loaded(arrays[1:], bits, dim)
         state, _ = _loaded(rest, state_bits, header["state_width"])
         if ids.shape != (n,) or weights.shape != (n, dim) or state.ndim != 2 or state.shape[0] != n:

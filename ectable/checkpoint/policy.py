@@ -7,10 +7,15 @@ policies), as pure functions of the checkpoints taken so far.
 - `differential`: the rows modified since the last full one (the baseline); the first is full. A
   restore reads the baseline and the last differential one.
 - `intermittent`: differential, with a new full baseline whenever the next differential one is
-  estimated to hold `threshold` of the rows a full one would or more. The estimate follows the
-  history: the last differential's rows plus its growth over the one before (differentials only
-  grow until the next baseline), so the baseline comes one checkpoint before the threshold is
-  crossed, not one after.
+  estimated to hold `threshold` of the rows a full one would or more (so a restore never reads
+  much more than 1 + `threshold` full checkpoints). The estimate follows the history and errs
+  high, so the baseline comes one checkpoint before the threshold is crossed, not one after. If
+  each interval between checkpoints touches row i with some probability p_i, the same in every
+  interval, the share c_k of rows a differential holds after k intervals grows by less each
+  time (c_{k+1} - c_k = mean(p (1 - p)^k) shrinks with k), so:
+  after two or more differentials, the last one's rows plus its growth over the one before;
+  after one, holding share c of a full one's rows, 2c - c^2 of them (the growth if every row
+  were equally likely, the most it can be: c_2 = 2 c_1 - mean(p^2) and mean(p^2) >= c_1^2).
 
 A checkpoint is described by a `Taken` record: its number, its kind ("full", "incremental",
 "differential"), the rows it wrote and the rows a full one would have written.
@@ -67,12 +72,22 @@ def next_kind(policy: Policy, taken: list[Taken]) -> str:
         return "incremental"
     if policy.name == "differential":
         return "differential"
+    estimate = next_differential(taken)
+    if estimate is None:
+        return "differential"
+    return "full" if estimate >= policy.threshold * taken[-1].total else "differential"
+
+
+def next_differential(taken: list[Taken]) -> float | None:
+    """The rows the next differential checkpoint is estimated to hold at most (see `intermittent`), or None
+    if none has been taken since the last full one."""
     diffs = [t for t in _since_baseline(taken) if t.kind == "differential"]
     if not diffs:
-        return "differential"
-    growth = diffs[-1].rows - diffs[-2].rows if len(diffs) > 1 else diffs[-1].rows
-    estimate = diffs[-1].rows + max(growth, 0)
-    return "full" if estimate >= policy.threshold * diffs[-1].total else "differential"
+        return None
+    last, total = diffs[-1].rows, diffs[-1].total
+    if len(diffs) > 1:
+        return last + max(last - diffs[-2].rows, 0)
+    return 2 * last - last * last / total if total else 2 * last
 
 
 def restore_chain(taken: list[Taken], number: int | None = None) -> list[Taken]:
