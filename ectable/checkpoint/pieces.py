@@ -46,9 +46,14 @@ def location(url: str):
 
 def encode_piece(table: str, ids: np.ndarray, weights: np.ndarray, state: np.ndarray,
                  bits: int | None = None, adaptive: bool = False, state_bits: int | None = None) -> bytes:
-    """A piece's bytes: rows `ids` of `table`, their weights float32 [n, dim] (as `bits`-bit codes, or exact
-    if None) and optimizer state float32 [n, s] (exact, or as `state_bits`-bit codes)."""
-    first, ids = _gaps(np.asarray(ids, dtype=np.int64))
+    """A piece's bytes: rows `ids` of `table` (in any order; stored in id order), their weights float32 [n, dim]
+    (as `bits`-bit codes, or exact if None) and optimizer state float32 [n, s] (exact, or as `state_bits`-bit
+    codes)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size > 1 and (ids[1:] < ids[:-1]).any():  # rows in id order (a node's rows are not)
+        order = np.argsort(ids, kind="stable")
+        ids, weights, state = ids[order], np.asarray(weights)[order], np.asarray(state)[order]
+    first, ids = _gaps(ids)
     header = {"table": table, "rows": int(ids.size + (first is not None)), "dim": int(weights.shape[1]),
               "gap_bytes": ids.itemsize,
               "bits": bits, "adaptive": bool(adaptive and bits is not None), "state_bits": state_bits,
