@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench sim walkthrough clean
 
-# make bench: about 7 minutes on 2 cores; make bench FULL=1: the full sizes (about 16 minutes)
+# make bench: the benchmarks at a tenth of the full sizes; make bench FULL=1: at the full sizes
 ifeq ($(FULL),1)
 SCALE := 1.0
 TRAIN_ARGS := --scale 1.0 --iters 60 --checkpoint-every 25
@@ -13,6 +13,7 @@ RECOVERY_ARGS := --scale 1.0 --iters 800 --shares 0.5 0.2
 WINDOW_ARGS := --rows 1000000 --scale 0.1
 CREATE_ROWS := 5000000
 CKPT_ARGS := --scale 1.0 --iters 300 --every 100
+CKPT_TRAINED_ARGS := $(CKPT_ARGS)
 TORCH_ARGS := --iters 200 --repeat 3
 LOOKAHEAD_ARGS := --scale 1.0 --iters 200
 else
@@ -22,6 +23,7 @@ RECOVERY_ARGS := --sizes 250000 500000 1000000 --scale 0.1 --iters 300 --shares 
 WINDOW_ARGS := --rows 200000 --scale 0.01
 CREATE_ROWS := 1000000
 CKPT_ARGS := --scale 0.1 --iters 200 --every 100
+CKPT_TRAINED_ARGS := --scale 0.1 --iters 400 --every 100
 TORCH_ARGS := --iters 100 --repeat 3
 LOOKAHEAD_ARGS := --scale 0.1 --iters 150
 endif
@@ -63,7 +65,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.node_time --scale $(SCALE)
 	$(PY) -m bench.quantize
 	$(PY) -m bench.checkpoint $(CKPT_ARGS)
-	$(PY) -m bench.checkpoint $(CKPT_ARGS) --trained
+	$(PY) -m bench.checkpoint $(CKPT_TRAINED_ARGS) --trained
 	$(PY) -m bench.checkpoint_accuracy
 	$(PY) -m bench.torch_adapter $(TORCH_ARGS)
 	$(PY) -m bench.torch_adapter $(TORCH_ARGS) --compute-ms 20

@@ -2,12 +2,15 @@
 and on fsspec's in-memory filesystem; a partial, corrupt, truncated or missing piece is refused by name."""
 import uuid
 
+import lz4.frame
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from ectable.checkpoint import pieces
 from ectable.checkpoint.pieces import BadCheckpoint
+from ectable.transport import codec
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -110,16 +113,39 @@ def test_damaged_piece_bytes_decode_or_are_refused_never_crash(flips, cut):
         assert got["weights"].shape == (got["rows"], got["dim"])
 
 
-@pytest.mark.parametrize("ids", [np.arange(0, 3000, 3), np.array([5]), np.array([], dtype=np.int64),
-                                 np.array([7, 2, 9]), np.array([1, 1, 2]), np.array([0, 1 << 33, (1 << 33) + 70_000])])
-def test_ids_read_back_whatever_their_order_and_gaps(ids):
-    ids = ids.astype(np.int64)
+@pytest.mark.parametrize("ids, width", [([5], 1), ([], 8), ([7, 2, 9], 1), ([1, 1, 2], 8), (np.arange(0, 3000, 3), 1),
+                                        ([0, 255, 510], 1), ([0, 256, 300], 2), ([3, 65_538], 2), ([3, 65_539], 4),
+                                        ([0, (1 << 32) - 1], 4), ([0, 1 << 32], 8), ([(1 << 62) - 1], 1),
+                                        ([1 << 62], 8), ([-4, 0], 8), ([0, 1 << 33, (1 << 33) + 70_000], 8)])
+def test_ids_read_back_whatever_their_order_and_gaps(ids, width):
+    """Ascending ids (in any order) as gaps of the narrowest width that holds them; others as int64."""
+    ids = np.asarray(ids, dtype=np.int64)
     weights, state = np.ones((ids.size, 4), np.float32), np.zeros((ids.size, 1), np.float32)
     weights[:, 0] = np.arange(ids.size)  # each row says where it was given
-    got = pieces.decode_piece(pieces.encode_piece("t", ids, weights, state))
+    data = pieces.encode_piece("t", ids, weights, state)
+    got = pieces.decode_piece(data)
     np.testing.assert_array_equal(np.sort(got["ids"]), np.sort(ids))
     np.testing.assert_array_equal(ids[got["weights"][:, 0].astype(int)], got["ids"])
     assert got["ids"].dtype == np.int64 and got["rows"] == ids.size
+    header, _ = codec.decode(msgpack.unpackb(lz4.frame.decompress(data[len(pieces.MAGIC):])))
+    assert (header["first"] is None) == (width == 8) and header["gap_bytes"] == width
+
+
+@pytest.mark.parametrize("change", [{"first": -1}, {"first": 1 << 62}, {"first": 2.5}, {"gap_bytes": 3},
+                                    {"rows": 4}, {"rows": 2}, {"gaps": [1, 0]}, {"gaps": [1, 2, 3]},
+                                    {"gaps": np.array([1, 2], "<u2").view(np.uint8), "gap_bytes": 1},
+                                    {"first": (1 << 62) - 3, "gaps": [1, 2]}, {"first": None}])
+def test_forged_ids_are_refused(change):
+    """A piece whose id fields contradict each other (first id, gap width, gaps, rows) is refused, whatever
+    its checksum says."""
+    header = {"table": "t", "rows": 3, "dim": 1, "first": 10, "gap_bytes": 1, "bits": None, "adaptive": False,
+              "state_bits": None, "state_width": 0}
+    gaps = change.pop("gaps", [1, 2])
+    header.update(change)
+    arrays = [np.asarray(gaps, dtype=np.uint8), np.zeros((3, 1), np.float32), np.zeros((3, 0), np.float32)]
+    data = pieces.MAGIC + lz4.frame.compress(msgpack.packb([bytes(f) for f in codec.encode(header, arrays)]))
+    with pytest.raises(BadCheckpoint, match="forged: "):
+        pieces.decode_piece(data, "forged")
 
 
 def test_ids_take_far_less_than_eight_bytes_a_row():

@@ -53,45 +53,46 @@ def encode_piece(table: str, ids: np.ndarray, weights: np.ndarray, state: np.nda
     if ids.size > 1 and (ids[1:] < ids[:-1]).any():  # rows in id order (a node's rows are not)
         order = np.argsort(ids, kind="stable")
         ids, weights, state = ids[order], np.asarray(weights)[order], np.asarray(state)[order]
-    first, ids = _gaps(ids)
-    header = {"table": table, "rows": int(ids.size + (first is not None)), "dim": int(weights.shape[1]),
-              "gap_bytes": ids.itemsize,
-              "bits": bits, "adaptive": bool(adaptive and bits is not None), "state_bits": state_bits,
-              "state_width": int(state.shape[1]), "first": first}
-    arrays = [ids if first is None else ids.view(np.uint8), *_stored(weights, bits, adaptive), *_stored(state, state_bits, False)]
+    first, stored = _gaps(ids)
+    header = {"table": table, "rows": int(ids.size), "dim": int(weights.shape[1]), "first": first,
+              "gap_bytes": stored.itemsize, "bits": bits, "adaptive": bool(adaptive and bits is not None),
+              "state_bits": state_bits, "state_width": int(state.shape[1])}
+    arrays = [stored if first is None else stored.view(np.uint8), *_stored(weights, bits, adaptive),
+              *_stored(state, state_bits, False)]
     frames = codec.encode(header, arrays)
     return MAGIC + lz4.frame.compress(msgpack.packb([bytes(f) for f in frames], use_bin_type=True))
 
 
+MAX_ID = 1 << 62  # ids at or past it are stored as int64 (no table comes near: rows < 2**40)
+GAPS = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
 def _gaps(ids: np.ndarray) -> tuple[int | None, np.ndarray]:
-    """(first id, the gaps after it as uint8, uint16 or uint32) of ascending ids; (None, ids) of others."""
-    if ids.size == 0 or ids[0] < 0:
+    """(first id, the gaps after it, little-endian in 1, 2 or 4 bytes) of ascending ids; (None, ids) of
+    others."""
+    if ids.size == 0 or ids[0] < 0 or ids[-1] >= MAX_ID:
         return None, ids
     gaps = np.diff(ids)
     if gaps.size and (gaps.min() <= 0 or gaps.max() >= 1 << 32):
         return None, ids
     top = int(gaps.max()) if gaps.size else 0
-    dtype = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.uint32
-    return int(ids[0]), gaps.astype(dtype)
+    return int(ids[0]), gaps.astype(GAPS[1 if top < 1 << 8 else 2 if top < 1 << 16 else 4])
 
 
-def _ids(first: int | None, width, stored: np.ndarray) -> np.ndarray:
-    """Row ids int64 of what `_gaps` stored (gaps as bytes, `width` bytes each); ValueError if they are not
-    its output."""
+def _ids(n, first: int | None, width, stored: np.ndarray) -> np.ndarray:
+    """The `n` row ids (int64) of what `_gaps` stored (gaps as bytes, `width` bytes each); ValueError if
+    they are not its output."""
     if first is None:
-        if stored.dtype != np.int64:
-            raise ValueError("its ids are not int64")
         return stored
-    types = {1: np.uint8, 2: np.uint16, 4: np.uint32}
-    if not isinstance(first, int) or not 0 <= first < 1 << 62 or width not in types or stored.dtype != np.uint8 \
-            or stored.size % width:
-        raise ValueError("its ids are not ascending gaps after a first id")
-    stored = stored.view(types[width])
-    if stored.size and stored.min() == 0:
-        raise ValueError("its ids are not ascending")
-    ids = np.empty(stored.size + 1, dtype=np.int64)
+    if not isinstance(first, int) or not 0 <= first < MAX_ID or width not in GAPS or stored.dtype != np.uint8 \
+            or not isinstance(n, int) or stored.size != (n - 1) * width:
+        raise ValueError("its ids are not the gaps after a first id of the rows its header names")
+    gaps = stored.view(GAPS[width])
+    if gaps.size and (gaps.min() == 0 or first + int(gaps.sum(dtype=np.uint64)) >= MAX_ID):
+        raise ValueError("its ids are not ascending, or too large")
+    ids = np.empty(n, dtype=np.int64)
     ids[0] = first
-    np.cumsum(stored, dtype=np.int64, out=ids[1:])
+    np.cumsum(gaps, dtype=np.int64, out=ids[1:])
     ids[1:] += first
     return ids
 
@@ -116,10 +117,10 @@ def decode_piece(data: bytes, name: str = "piece") -> dict:
     """{table, rows, dim, bits, adaptive, state_bits, ids, weights float32 [n, dim], state float32 [n, s]} of a
     piece's bytes; BadCheckpoint naming `name` if they are not one."""
     try:
-        if not data.startswith((MAGIC, OLD_MAGIC)):
-            raise ValueError("not a piece of an ectable checkpoint")
         old = data.startswith(OLD_MAGIC)
-        frames = msgpack.unpackb(lz4.frame.decompress(data[len(MAGIC):]), raw=False)
+        if not old and not data.startswith(MAGIC):
+            raise ValueError("not a piece of an ectable checkpoint")
+        frames = msgpack.unpackb(lz4.frame.decompress(data[len(OLD_MAGIC if old else MAGIC):]), raw=False)
         if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
             raise ValueError("its body is not a list of frames")
         header, arrays = codec.decode(frames)
@@ -130,7 +131,9 @@ def decode_piece(data: bytes, name: str = "piece") -> dict:
         count = 1 + (1 if bits is None else 3) + (1 if state_bits is None else 3)
         if len(arrays) != count:
             raise ValueError(f"it holds {len(arrays)} arrays, not {count}")
-        ids = _ids(None if old else header["first"], None if old else header["gap_bytes"], arrays[0])
+        ids = arrays[0] if old else _ids(n, header["first"], header["gap_bytes"], arrays[0])
+        if ids.dtype != np.int64:
+            raise ValueError("its ids are not int64")
         weights, rest = _loaded(arrays[1:], bits, dim)
         state, _ = _loaded(rest, state_bits, header["state_width"])
         if ids.shape != (n,) or weights.shape != (n, dim) or state.ndim != 2 or state.shape[0] != n:

@@ -16,6 +16,9 @@ policies), as pure functions of the checkpoints taken so far.
   after two or more differentials, the last one's rows plus its growth over the one before;
   after one, holding share c of a full one's rows, 2c - c^2 of them (the growth if every row
   were equally likely, the most it can be: c_2 = 2 c_1 - mean(p^2) and mean(p^2) >= c_1^2).
+  The shares are of the rows a full checkpoint holds, which is every row once each has been
+  written (after a first epoch); before that, a full one holds only the rows written so far,
+  that number grows, and the estimate may come out low.
 
 A checkpoint is described by a `Taken` record: its number, its kind ("full", "incremental",
 "differential"), the rows it wrote and the rows a full one would have written.
