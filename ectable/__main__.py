@@ -1,4 +1,4 @@
-"""The `ectable` command: node, spare add, decider, up, down, status, keygen, checkpoint list|inspect, restore, export."""
+"""The `ectable` command: node, node drain, spare add, decider, up, down, status, keygen, checkpoint list|inspect, restore, export."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,8 @@ class CommandError(Exception):
 
 
 def cmd_node(args) -> None:
+    if args.action == "drain":
+        return cmd_drain(args)
     from .process.node_server import run
     from .security import checked
     data = cluster_config.load(args.config) if args.config else {}
@@ -40,6 +42,45 @@ def cmd_node(args) -> None:
     if metrics is None and "port" in data.get("metrics", {}):  # one port per node: the file's, plus its position
         metrics = int(data["metrics"]["port"]) + (args.id or 0)
     run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data), data.get("membership"), metrics)
+
+
+def cmd_drain(args) -> None:
+    from .cluster import plans
+    from .cluster.store import open_store
+    if args.target is None:
+        raise CommandError("node drain needs the name of the node to drain")
+    data = cluster_config.load(args.config or "cluster.toml")
+    if "membership" not in data:
+        raise CommandError("node drain needs a cluster file with a [membership] section (etcd endpoints, prefix)")
+    _, endpoint = cluster_config.find_node(data, args.target)
+    store = open_store(data["membership"])
+    try:
+        if args.cancel:
+            store.cancel_drain(endpoint)
+            print(f"withdrew the drain of {args.target} ({endpoint}); a node fenced for it already stays gone")
+            return
+        m = store.read_map()
+        if m is None:
+            raise CommandError("the store holds no cluster map: is the cluster up?")
+        p = m.position_of(endpoint)
+        if p is None and endpoint not in store.presence():
+            raise CommandError(f"{args.target} ({endpoint}) holds no position and is not running")
+        store.request_drain(endpoint)
+        print(f"asked {args.target} ({endpoint}) to leave" + (f" position {p}" if p is not None else ""), flush=True)
+        deadline, said = time.monotonic() + args.timeout, None
+        while True:
+            done, now = plans.drain_progress(store.read_map(), store.presence(), store.drains(), endpoint, p)
+            if now != said:
+                print(now, flush=True)
+                said = now
+            if done:
+                return
+            if time.monotonic() > deadline:
+                raise CommandError(f"not drained within {args.timeout:g} s ({now}); the request stands: "
+                                   f"withdraw it with --cancel")
+            time.sleep(0.5)
+    finally:
+        store.membership.close()
 
 
 def cmd_spare(args) -> None:
@@ -219,8 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand and option, each with its help text."""
     parser = argparse.ArgumentParser(prog="ectable", description="erasure-coded embedding-table storage")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("node", help="run one storage node")
-    p.add_argument("--config", help="cluster TOML (endpoints, code, keys)")
+    p = sub.add_parser("node", help="run one storage node, or drain one (`ectable node drain NAME`)")
+    p.add_argument("action", nargs="?", choices=["drain"],
+                   help="drain: hand node NAME's position to a spare (which rebuilds it as after a failure), then "
+                        "stop the node; waits until the spare is up. Without: run a node")
+    p.add_argument("target", nargs="?", metavar="NAME", help="drain: the node's name in the cluster file")
+    p.add_argument("--cancel", action="store_true", help="drain: withdraw the request (if no node was fenced yet)")
+    p.add_argument("--timeout", type=float, default=600.0, help="drain: seconds to wait (default 600)")
+    p.add_argument("--config", help="cluster TOML (endpoints, code, keys; drain: default cluster.toml)")
     p.add_argument("--id", type=int, help="this node's position in [nodes] endpoints")
     p.add_argument("--name", help="this node's name in the cluster file ([nodes] names or spare_names; default names "
                    "node-N and spare-N): a node takes its position, a spare binds its endpoint and waits")

@@ -224,3 +224,45 @@ def test_a_new_decider_fails_a_silent_node_over_at_once_unless_more_than_r_are_s
         store, hosts, decider = in_process_world(fake)
         store.membership.revoke(hosts[4].lease)  # one: failed over at once, as ever
         assert decider.step() and store.read_map().dead() == [4]
+
+
+def test_a_drain_starts_only_with_every_position_up_and_a_spare_free():
+    m = cluster_map()
+    spare = "tcp://127.0.0.1:9000"
+    seen = presence(m, **{spare: {"endpoint": spare, "source": None, "position": None}})
+    leaving = {m.endpoints[2]}
+    assert plans.free_spares(m, seen, {spare}) == []  # a spare asked to leave is no spare
+    assert plans.drain_waits(m, []).startswith("no free spare")
+    assert plans.drainable(m, leaving, []) is None
+    spares = plans.free_spares(m, seen, leaving)
+    assert spares == [spare] and plans.drain_waits(m, spares) is None
+    assert plans.drainable(m, leaving, spares) == 2
+    assert plans.drainable(m, {spare}, spares) is None  # a spare holds no position to hand over
+    rebuilding = m.with_position(4, state="rebuilding")
+    assert "position 4 is rebuilding" in plans.drain_waits(rebuilding, spares)
+    assert plans.drainable(rebuilding, leaving, spares) is None
+    dead = plans.declare_dead(m, [5])
+    assert "position 5 is dead" in plans.drain_waits(dead, spares)
+    reconciling = m.replace(failing=((3, "node/3/old"),))
+    assert "reconciled" in plans.drain_waits(reconciling, spares)
+    assert plans.drainable(m.with_position(2, source=None), leaving, spares) is None  # not started: nothing to hand
+
+
+def test_drain_progress_from_request_to_the_spare_up():
+    m = cluster_map()
+    leaving, spare = m.endpoints[2], "tcp://127.0.0.1:9000"
+    seen = presence(m, **{spare: {"endpoint": spare, "source": None, "position": None}})
+    done, now = plans.drain_progress(m, seen, {leaving}, leaving, 2)
+    assert not done and now == "waiting: the decider acts next"
+    done, now = plans.drain_progress(m, presence(m), {leaving}, leaving, 2)
+    assert not done and now.startswith("waiting: no free spare")
+    fenced = plans.declare_dead(m, [2])
+    assert plans.drain_progress(fenced, seen, {leaving}, leaving, 2) == (
+        False, "fenced; waiting for a spare to take position 2")
+    taken = fenced.replace(failing=()).with_position(2, endpoint=spare, source="node/2/b", state="rebuilding")
+    assert plans.drain_progress(taken, seen, {leaving}, leaving, 2) == (False, f"{spare} took position 2: rebuilding")
+    up = taken.with_position(2, state="up")
+    assert plans.drain_progress(up, seen, {leaving}, leaving, 2) == (False, "waiting for the node to stop")
+    gone = {e: info for e, info in seen.items() if e != leaving}
+    assert plans.drain_progress(up, gone, set(), leaving, 2) == (True, f"{spare} holds position 2, up; the node stopped")
+    assert plans.drain_progress(m, presence(m), set(), spare, None) == (True, "the node stopped")

@@ -16,7 +16,9 @@ nothing). Each `step()` makes one decision, in this order:
 4. nodes without an identity in the map (at start) are given their position;
 5. nodes that hold a position the map does not give them are fenced (a decider died while
    installing them);
-6. a live spare is put in a dead position, with the tables, rebuilding.
+6. a live spare is put in a dead position, with the tables, rebuilding;
+7. a node an operator asked to leave (`ectable node drain`) is failed over to a spare once every
+   position is up, and told to stop; a leaving spare is told to stop.
 
 The pure decisions live in `plans`; this module does the talking. `control` sends requests
 to nodes by endpoint: `call_all({endpoint: (header, arrays)}, timeout)` returns
@@ -30,7 +32,8 @@ from .. import clock
 from ..config import ClusterConfig
 from ..errors import Error
 from ..membership import LeaseNotFound
-from ..protocol.messages import Applied, CreateTable, DropTable, Holds, Invalidate, MapUpdate, Rollback, Tables
+from ..protocol.messages import (Applied, CreateTable, DropTable, Holds, Invalidate, MapUpdate, Rollback, Shutdown,
+                                 Sync, Tables)
 from ..storage.table import TableSpec
 from . import plans
 from .map import Map
@@ -44,6 +47,8 @@ STORE_GRACE = 3.5  # on etcd, a decider leading again after its lease ran out wa
 # leases to run out (every node's, and the decider's), nodes announce themselves again under new leases within a
 # heartbeat; without the wait every node was declared dead at once
 INSTALL_TRIES = 5  # times an install is tried again after a create or drop came between
+FLUSH_SECONDS = 1.0  # longest a drain waits for the leaving node's deltas to be acknowledged before fencing it
+RETELL_SECONDS = 5.0  # a node told to stop (drained) whose presence is still there is told again after this long
 SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
 
 
@@ -57,6 +62,7 @@ class Decider:
         self.led: tuple = (None, 0.0, False)  # (the lease it won the election with, when, whether one ran out before)
         self.lapsed = False  # its lease ran out since it last won
         self.silences: dict[str, int] = {}  # endpoint -> reconcile rounds it did not answer (soft state)
+        self.told: dict[str, float] = {}  # endpoint -> when it was last told to stop, being drained (soft state)
 
     # -- election ----------------------------------------------------------
     def leading(self) -> bool:
@@ -113,10 +119,11 @@ class Decider:
         strays = plans.strays(m, presence)
         if strays:
             return self._swap(m, m.replace(fenced=m.fenced + tuple(strays))) is not None
-        spares = plans.free_spares(m, presence)
+        drains = self.store.drains()
+        spares = plans.free_spares(m, presence, drains)
         if m.dead() and spares:
             return self._install(m, m.dead()[0], spares, presence)
-        return False
+        return bool(drains) and self._drain(m, presence, drains, spares)
 
     def _swap(self, old: Map, new: Map, guard=()) -> Map | None:
         """Change the map (only while leading); push it to every live node at once. A step that waited on
@@ -270,6 +277,43 @@ class Decider:
                     return True  # another change came first (a stray spare is fenced), or another decider acts
             return False
         return False
+
+    def _drain(self, m: Map, presence: dict, drains: set, spares: list[str]) -> bool:
+        """Nodes asked to leave: the first holding a position is failed over (fenced, to be replaced by a spare
+        like a dead node) once `plans.drain_waits` allows, and told to stop; one holding no position (a spare,
+        or fenced already) is told to stop; a request whose node is gone is done."""
+        live = {m.endpoints[p] for p in m.live()}
+        for endpoint in sorted(drains - live):
+            if endpoint not in presence:
+                self.store.cancel_drain(endpoint)
+                self.told.pop(endpoint, None)
+                self.log(f"epoch {m.epoch}: {endpoint} drained: gone")
+            elif clock.monotonic() - self.told.get(endpoint, float("-inf")) >= RETELL_SECONDS:
+                self._stop(endpoint)
+        p = plans.drainable(m, drains, spares)
+        if p is None:
+            return False
+        self._flush(m.endpoints[p])
+        if self._swap(m, plans.declare_dead(m, [p])) is None:
+            return False
+        self.log(f"epoch {m.epoch}: position {p} drained: {m.endpoints[p]} fenced, to be replaced by a spare")
+        self._stop(m.endpoints[p])
+        return True
+
+    def _flush(self, endpoint: str) -> None:
+        """Close the window of the node at `endpoint` until none of its deltas waits for an acknowledgement (for
+        FLUSH_SECONDS at most), so that the reconcile after it is fenced likely finds every parity holder at the
+        same window: nothing rolled back, little replayed. Writes that come after are reconciled as usual."""
+        deadline = clock.monotonic() + FLUSH_SECONDS
+        while True:
+            ok, _ = self._ask({endpoint: (Sync(close=True).header(), [])})
+            if endpoint not in ok or ok[endpoint][0].get("unacked") == 0 or clock.monotonic() > deadline:
+                return
+            clock.sleep(0.02)
+
+    def _stop(self, endpoint: str) -> None:
+        self.told[endpoint] = clock.monotonic()
+        self.control.call_all({endpoint: (Shutdown(token=self.token).header(), [])}, CONTROL_TIMEOUT)
 
     def _give_tables(self, spare: str) -> list:
         """Create on `spare` every table the store lists, and drop those dropped (deltas and replays naming

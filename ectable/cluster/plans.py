@@ -73,10 +73,12 @@ def arriving(m: Map, presence: dict) -> list[str]:
             and m.states[info["position"]] == "dead" and info.get("source") not in m.fenced]
 
 
-def free_spares(m: Map, presence: dict) -> list[str]:
-    """Endpoints of live nodes that hold no position (in announcement order of their keys)."""
+def free_spares(m: Map, presence: dict, drains=()) -> list[str]:
+    """Endpoints of live nodes that hold no position and are not asked to leave (`drains`), in announcement
+    order of their keys."""
     taken = {m.endpoints[p] for p in m.live()}
-    return [e for e, info in sorted(presence.items()) if info.get("position") is None and e not in taken]
+    return [e for e, info in sorted(presence.items())
+            if info.get("position") is None and e not in taken and e not in drains]
 
 
 def reconcile_stripes(layout: Layout, p: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,3 +130,40 @@ def stale_parity(stripes: np.ndarray, holders: np.ndarray, score: np.ndarray, ha
         held[rows] = sub
     behind = (held >= 0) & (held < held.max(axis=1, keepdims=True))
     return {int(q): stripes[(behind & (holders == q)).any(axis=1)] for q in np.unique(holders[behind]).tolist()}
+
+
+def drain_waits(m: Map, spares: list[str]) -> str | None:
+    """Why no drain may start now (None: one may). A drain hands a position to a spare by failing it over,
+    so it takes one failure's worth of redundancy while the spare rebuilds: it starts only when every
+    position is up (none dead, reconciling or rebuilding) and a free spare (`spares`) can take the place."""
+    for p in range(m.nodes):
+        if m.states[p] != "up":
+            return f"position {p} is {m.states[p]}: a drain waits until every position is up"
+    if m.failing:
+        return f"position {m.failing[0][0]} is being reconciled"
+    if not spares:
+        return "no free spare to take its place (add one: `ectable spare add`)"
+    return None
+
+
+def drainable(m: Map, drains: set, spares: list[str]) -> int | None:
+    """The position to drain now: the first whose node is asked to leave, if `drain_waits` allows."""
+    leaving = [p for p in m.live() if m.endpoints[p] in drains and m.sources[p] is not None]
+    if not leaving or drain_waits(m, spares) is not None:
+        return None
+    return leaving[0]
+
+
+def drain_progress(m: Map, presence: dict, drains: set, endpoint: str, p: int | None) -> tuple[bool, str]:
+    """(whether it is done, what happens now) for the drain of the node at `endpoint`, which held live position
+    `p` (None: a spare) when the drain was asked for: done once the node is gone and a spare holds p, up."""
+    gone = endpoint not in presence
+    if p is not None and m.endpoints[p] == endpoint:
+        if m.states[p] != "dead":
+            return False, f"waiting: {drain_waits(m, free_spares(m, presence, drains)) or 'the decider acts next'}"
+        return False, f"fenced; waiting for a spare to take position {p}"
+    if p is not None and m.states[p] != "up":
+        return False, f"{m.endpoints[p]} took position {p}: {m.states[p]}"
+    if not gone:
+        return False, "waiting for the node to stop"
+    return True, (f"{m.endpoints[p]} holds position {p}, up; " if p is not None else "") + "the node stopped"

@@ -7,6 +7,8 @@
     <prefix>/writers/<id>     a writer (a process's cluster object whose clients write), under its
                               lease: a spare waits for every live writer to replay before serving
     <prefix>/tables/<name>    a table's definition, written once by the first client to create it
+    <prefix>/drain/<endpoint> an operator's request that the node at an endpoint leave the cluster
+                              (`ectable node drain`); gone once it has
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class ClusterStore:
         self.dropping_prefix = f"{self.prefix}/dropping/"
         self.dropped_prefix = f"{self.prefix}/dropped/"
         self.tables_epoch_key = f"{self.prefix}/tables-epoch"  # rewritten by every create and drop
+        self.drain_prefix = f"{self.prefix}/drain/"
 
     # -- the map -----------------------------------------------------------
     def read_map(self) -> Map | None:
@@ -60,6 +63,20 @@ class ClusterStore:
     def withdraw(self, endpoint: str) -> None:
         """The node at `endpoint` is known to be dead (its parent saw it exit): fail it over now."""
         self.membership.txn([], [Delete(self.alive_prefix + endpoint)])
+
+    # -- drains ------------------------------------------------------------
+    def request_drain(self, endpoint: str) -> None:
+        """Ask that the node at `endpoint` leave the cluster (its position handed to a spare first)."""
+        self.membership.put(self.drain_prefix + endpoint, b"")
+
+    def cancel_drain(self, endpoint: str) -> None:
+        """Withdraw a drain request (a node already fenced for it stays gone)."""
+        self.membership.txn([], [Delete(self.drain_prefix + endpoint)])
+
+    def drains(self) -> set[str]:
+        """Endpoints whose nodes are asked to leave."""
+        kvs, _ = self.membership.range(self.drain_prefix)
+        return {kv.key[len(self.drain_prefix):] for kv in kvs}
 
     # -- writers -----------------------------------------------------------
     def register_writer(self, writer: str, lease: int) -> None:

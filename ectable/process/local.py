@@ -16,6 +16,7 @@ import time
 
 from .. import config as cluster_config, security
 from ..client import Client
+from ..cluster import plans
 from ..cluster.decider import Decider
 from ..cluster.map import Map
 from ..cluster.maps import WRITER_TTL, ClusterMap, StoredMap, ZmqStoredMap
@@ -81,6 +82,28 @@ class LocalCluster(ClusterMap):
     def connect(self) -> Client:
         """A client of this cluster."""
         return Client(self)
+
+    def drain(self, i: int, timeout: float = START_TIMEOUT) -> None:
+        """Hand active node i's position to a spare and stop the node, with no failure to detect (`ectable node
+        drain`); returns once a spare holds the position (it rebuilds it as after a failure). Error if the drain
+        could not start within `timeout` seconds (the request is then withdrawn)."""
+        endpoint = self._map.endpoints[i]
+        if self._map.states[i] == "dead":
+            raise Error(f"position {i} is dead already")
+        self.store.request_drain(endpoint)
+        deadline = time.monotonic() + timeout
+        while True:
+            self.refresh()
+            if self._map.endpoints[i] != endpoint and self._map.states[i] != "dead":
+                return
+            if time.monotonic() > deadline:
+                if self._map.endpoints[i] != endpoint or self._map.states[i] == "dead":
+                    raise Error(f"position {i} was drained but no spare took it within {timeout} s")
+                self.store.cancel_drain(endpoint)
+                m, drains = self._map, self.store.drains()
+                why = plans.drain_waits(m, plans.free_spares(m, self.store.presence(), drains))
+                raise Error(f"position {i} was not drained within {timeout} s: {why or 'the decider did not act'}")
+            time.sleep(0.02)
 
 
 class InProcessCluster(StoredMap, LocalCluster):
@@ -234,6 +257,12 @@ class InProcessHost(NodeHost):
     def kill(self) -> None:
         self.alive, self.node = False, None
         self.store.membership.revoke(self.lease)
+
+    def control(self, msg) -> tuple[dict, list]:
+        reply = super().control(msg)
+        if not self.running:  # told to stop (drained): gone as a process would be
+            self.kill()
+        return reply
 
 
 class _HostControl:
