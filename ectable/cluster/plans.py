@@ -135,7 +135,10 @@ def stale_parity(stripes: np.ndarray, holders: np.ndarray, score: np.ndarray, ha
 def drain_waits(m: Map, spares: list[str]) -> str | None:
     """Why no drain may start now (None: one may). A drain hands a position to a spare by failing it over,
     so it takes one failure's worth of redundancy while the spare rebuilds: it starts only when every
-    position is up (none dead, reconciling or rebuilding) and a free spare (`spares`) can take the place."""
+    position is up (none dead, reconciling or rebuilding) and a free spare (`spares`) can take the place;
+    never without parity (r = 0), where the node's rows would be lost."""
+    if not m.config.get("r"):
+        return "the cluster keeps no parity (r = 0): its rows cannot be rebuilt elsewhere"
     for p in range(m.nodes):
         if m.states[p] != "up":
             return f"position {p} is {m.states[p]}: a drain waits until every position is up"

@@ -1,5 +1,5 @@
-"""A Hypothesis state machine that drives a cluster against a dict of rows, killing and recovering nodes
-and taking checkpoints.
+"""A Hypothesis state machine that drives a cluster against a dict of rows, killing, draining and recovering
+nodes and taking checkpoints.
 
 Subclass `ClusterMachine` (or call `machine_for`) with the cluster's settings; run it with
 `run_state_machine_as_test` or expose its `TestCase`. Invariants: every row equals the model,
@@ -33,7 +33,7 @@ finite = st.floats(-4, 4, width=32, allow_subnormal=False)
 
 
 class ClusterMachine(RuleBasedStateMachine):
-    """put / get / apply_gradient / step / flush / kill / recover against a dict model."""
+    """put / get / apply_gradient / step / flush / kill / drain / recover against a dict model."""
 
     nodes, code, k, r, spares = 5, "xor", 4, 1, 2
     window_rows = 50  # small, so windows also close by size
@@ -185,6 +185,29 @@ class ClusterMachine(RuleBasedStateMachine):
         self.lost.add(victim)
         self.killed_while_writing.add(victim)
         event(f"killed, {len(self.lost)} lost")
+
+    @precondition(lambda self: not self.lost)
+    @rule(data=st.data())
+    def drain(self, data):
+        """An operator drains a node once every position is up: its position goes to a spare if one is free (and
+        counts as lost until rebuilt: the rebuild takes one failure's worth of redundancy); with none, the drain
+        gives up and changes nothing."""
+        self._settle_others()
+        p = data.draw(st.sampled_from(range(self.nodes)))
+        source, epoch = self.client._sources.get(p), self.cluster.epoch
+        if self.cluster.spares_left() == 0 or self.r == 0:
+            try:
+                self.cluster.drain(p, timeout=0.1)
+            except Error as exc:
+                assert ("no free spare" if self.r else "no parity") in str(exc) and self.cluster.epoch == epoch, exc
+                event("a drain without a spare gave up")
+                return
+            raise AssertionError("a drain without a spare went ahead")
+        self.cluster.drain(p)
+        self.killed[p] = source
+        self.lost.add(p)
+        self.killed_while_writing.add(p)
+        event("drained")
 
     @rule()
     def recover(self):
