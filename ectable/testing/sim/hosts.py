@@ -100,6 +100,8 @@ class SimNodeHost(NodeHost):
             out["status"]["rebuild_lost"] = self.rebuild_lost
         self.world.note(f"{self.endpoint} {header.get('op')}{' -> ' + out['error'] if out.get('error') else ''}")
         self.send_outbox()
+        if not self.running:  # told to stop (drained): the process exits once it answered
+            self.world.at(0.0, self.kill, f"{self.endpoint}/exit")
         return codec.encode({**out, "id": header.get("id"), "epoch": self.epoch}, out_arrays)
 
     # -- deltas to peers ----------------------------------------------------

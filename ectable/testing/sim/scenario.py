@@ -4,7 +4,8 @@ faults, checked against a dict model.
 The seed decides the cluster's shape (code, k, r, nodes, spares, window and rebuild tuning), the
 network's faults (loss, duplicates, delays that reorder), the client's requests, and the chaos:
 SIGKILLs of nodes at any message (never more than r positions unprotected at once), kills of
-deciders (a new one starts later), partitions of a node from everything, and late spares.
+deciders (a new one starts later), partitions of a node from everything, late spares, and (one seed in
+three) drains of nodes by an operator.
 Invariants (SPEC 4.1 and 4.2): every read equals the model; after every `flush()` the parity is
 exact (against zfec for rs); the client never fails while at most r positions are unprotected;
 no node meets an internal error; at the end, once healed and recovered, every record (weights and
@@ -60,17 +61,24 @@ class Chaos:
         self.sim, self.world, self.rate = sim, sim.world, rate
         self.budget = budget  # faults in all (so that a run that waits long does not collect hundreds)
         self.enabled = True
-        self.counts = {"node kills": 0, "decider kills": 0, "partitions": 0, "late spares": 0}
+        self.counts = {"node kills": 0, "decider kills": 0, "partitions": 0, "late spares": 0, "drains": 0}
         if rate:
             self.world.at(self.world.rng.expovariate(rate), self.strike, "chaos")
+        # one seed in three also drains nodes (from a stream of its own: the other seeds run as before drains existed)
+        self.drains = random.Random(self.world.seed * 11 + 3) if self.world.seed % 3 == 1 else None
+        if self.drains is not None:
+            self.world.at(self.drains.uniform(0.5, 5.0), self.drain, "chaos")
 
     def unprotected(self) -> set[int]:
-        """Positions whose data is not fully protected now: not up in the map, or their node dead or cut off."""
+        """Positions whose data is not fully protected now: not up in the map, their node dead or cut off, or
+        asked to leave (a drain takes the position's protection until a spare rebuilt it)."""
         sim, m = self.sim, self.sim.store.read_map()
+        drains = sim.store.drains()
         out = set()
         for p in range(sim.config.nodes):
             host = sim.hosts.get(m.endpoints[p])
-            if m.states[p] != "up" or host is None or not host.alive or sim.network.cut.get(host.endpoint, 0.0) > self.world.now:
+            if (m.states[p] != "up" or host is None or not host.alive or m.endpoints[p] in drains
+                    or sim.network.cut.get(host.endpoint, 0.0) > self.world.now):
                 out.add(p)
         return out
 
@@ -93,6 +101,23 @@ class Chaos:
         host.kill()
         self.counts["node kills"] += 1
         self.budget -= 1
+
+    def drain(self) -> None:
+        """An operator drains a node holding a position (and, half the time, adds a spare for it), only while
+        every position is protected."""
+        if not self.enabled or self.budget <= 0:
+            return
+        sim = self.sim
+        if not self.unprotected():
+            endpoint = sim.store.read_map().endpoints[self.drains.randrange(sim.config.nodes)]
+            self.world.note(f"drain {endpoint}")
+            sim.store.request_drain(endpoint)
+            self.counts["drains"] += 1
+            self.budget -= 1
+            if self.drains.random() < 0.5:
+                sim.add_spare()
+                self.counts["late spares"] += 1
+        self.world.at(self.drains.uniform(1.0, 6.0), self.drain, "chaos")
 
     def strike(self) -> None:
         if not self.enabled or self.budget <= 0:
@@ -200,8 +225,11 @@ class Simulation:
         training.check_everything()
 
     def heal(self) -> None:
-        """End every fault: partitions end, a decider runs, every dead position can get a spare."""
+        """End every fault: partitions end, a decider runs, every dead position can get a spare, drains not
+        started yet are withdrawn."""
         self.network.cut.clear()
+        for endpoint in self.store.drains():
+            self.store.cancel_drain(endpoint)
         self.faults.drop = self.faults.kill_at_message = 0.0
         if all(d.name in self.world.killed for d in self.deciders):
             self.start_decider()
