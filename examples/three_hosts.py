@@ -2,7 +2,8 @@
 
 Hosts a, b and c each run an etcd member, two nodes (systemd units `ectable-node@a-0`, `@a-1`) and,
 on a and b, a decider; rs(4,2) over six nodes survives the loss of a whole host. Host d joins
-later with a spare, `trainer` runs the training job and `ectable status`. Then host b fails (its
+later with a spare, `trainer` runs the training job and `ectable status`. Node c-1 is drained (its
+position handed to the spare) and d starts a second spare. Then host b fails (its
 link goes down), the spare takes one of its positions, the other is served through the parity,
 and every row is checked; at the end a new cluster on a, c and d is restored from the
 checkpoint and checked row by row. Prints the transcript (Markdown) it runs; `make walkthrough`
@@ -189,13 +190,34 @@ def walk_through(workdir: str) -> None:
         walk.wait_status(lambda s: s["spares"] == 1, "the spare announced")
         walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
 
+        walk.say("## Draining a node\n\nNode c-1 is to go (say, for work on its disk), with no failure: the operator "
+                 "drains it. Once every position is up and a spare is free, the decider closes c-1's window until its "
+                 "deltas are acknowledged, fences it and tells it to stop; the spare takes position 5 and rebuilds it "
+                 "as after a failure, with nothing to detect and, as c-1 flushed, little or nothing for trainers to "
+                 "replay. While the spare rebuilds, the cluster survives one failure fewer (here one, not two). The "
+                 "command waits until the spare is up.")
+        walk.shell("trainer", [*ectable, "node", "drain", "c-1", "--config", "cluster.toml"],
+                   "ectable node drain c-1 --config cluster.toml")
+        walk.say("```\nc$ systemctl disable ectable-node@c-1    # it exited when told: keep it from starting again\n```")
+        walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
+        walk.shell("trainer", [py, "-"], "python - < check.py", stdin=CHECK.format(config="client.toml", ref=ref))
+        walk.say("Host d starts another spare, d-1, for what comes next (listed and started as d-0 was, with "
+                 "`keys/node-7.toml`'s section):")
+        spare = f"tcp://{address['d']}:7001"
+        walk.shell("trainer", [*ectable, "spare", "add", "d-1", spare, "--config", "cluster.toml"],
+                   f"ectable spare add d-1 {spare} --config cluster.toml")
+        own("node-d-1.toml", "node-7", {k: v for k, v in cluster_config.load(os.path.join(workdir, "cluster.toml")).items()
+                                        if k != "security"})
+        walk.service("d", "spare-1", [*ectable, "node", "--config", "node-d-1.toml", "--name", "d-1"])
+        walk.say("```\nd$ systemctl start ectable-node@d-1\n```")
+        walk.wait_status(lambda s: s["spares"] == 1, "the second spare announced")
+
         walk.say("## A host fails\n\nHost b goes off the network (its link down: etcd member, decider and nodes 2 and 3 "
                  "with it). Within a few seconds their leases run out; the decider on a (which takes over if b's was "
                  "acting) declares positions 2 and 3 dead and puts the spare in one of them, which rebuilds; the other "
                  "is served through the parity.\n\n```\nb$ ip link set eth0 down    # (here: its port on the bridge)\n```")
         hosts.cut("b")
-        walk.wait_status(lambda s: any(n.get("endpoint", "").startswith(f"tcp://{address['d']}") for n in s["nodes"]),
-                         "the spare in a dead position")
+        walk.wait_status(lambda s: any(n.get("endpoint", "") == spare for n in s["nodes"]), "the spare in a dead position")
         walk.wait_status(lambda s: all(n["role"] == "active" for n in s["nodes"] if n["health"] == "up"),
                          "the spare rebuilt", timeout=300)
         walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
