@@ -120,10 +120,13 @@ class ClusterMap:
 
 
 def read_cluster(store: ClusterStore) -> tuple:
-    """(the stored map or None, how many spares wait for a position, the endpoints of live node processes)."""
+    """(the stored map or None, how many spares wait for a position (none asked to leave), the endpoints of live
+    node processes)."""
     m = store.read_map()
     presence = store.presence()
-    spares = len(plans.free_spares(m, presence)) + len(plans.arriving(m, presence)) if m is not None else 0
+    if m is None:
+        return None, 0, frozenset(presence)
+    spares = len(plans.free_spares(m, presence, store.drains())) + len(plans.arriving(m, presence))
     return m, spares, frozenset(presence)
 
 
