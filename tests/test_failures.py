@@ -48,14 +48,16 @@ def write(clients, rng, rounds=3, step=True):
 
 @pytest.mark.parametrize("code", ["xor", "rs"])
 def test_kill_loop_loses_nothing(code):
+    """Five rounds, some of which drain their first node instead of killing it."""
     lines = []
-    result = kill_loop(rounds=5, code=code, seed=7, log=lines.append)
+    result = kill_loop(rounds=5, code=code, seed=7, log=lines.append, drains=0.4)
     rounds = [line for line in lines if line.startswith("round ")]
-    killed = sum(line.count("(pid ") for line in rounds)  # each SIGKILLed node is named with its pid
-    assert len(rounds) == 5 and killed >= 5  # every round SIGKILLed at least one node, as its log line says
+    killed = sum(line.count("SIGKILLed node ") for line in rounds)  # each node is named with how it went
+    drained = sum(line.count("drained node ") for line in rounds)
+    assert len(rounds) == 5 and killed + drained >= 5 and killed and drained
     assert all(": 0 lost;" in line and "read again: 0 lost" in line for line in rounds), rounds
-    assert result == {"rounds": 5, "kills": killed, "lost": 0}
-    assert lines[-1].startswith(f"kill loop ({code}): 5 rounds, {killed} kills") and ", 0 lost," in lines[-1]
+    assert result == {"rounds": 5, "kills": killed, "drains": drained, "lost": 0}
+    assert lines[-1].startswith(f"kill loop ({code}): 5 rounds, {killed} kills (SIGKILL), {drained} drains, 0 lost,")
 
 
 def test_a_silent_node_is_declared_dead_replaced_and_fenced_when_it_returns():

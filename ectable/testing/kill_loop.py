@@ -4,9 +4,11 @@ Every round compares every record (weights and optimizer state) of every table w
 failure-free in-process run of the same requests, bit for bit, once degraded and once
 after the rebuild, and checks parity against a fresh encode. The killed node's process
 is replaced by a new spare for the next round. With r >= 2 half the rounds kill a second
-node one batch after the first, while its spare is still rebuilding.
+node one batch after the first, while its spare is still rebuilding. With `--drains SHARE`
+that share of the rounds drains the first node (`LocalCluster.drain`: its position handed to
+a spare, no kill) instead of killing it.
 
-    python -m ectable.testing.kill_loop --rounds 50 --code rs --log kill_loop.log
+    python -m ectable.testing.kill_loop --rounds 50 --code rs --drains 0.3 --log kill_loop.log
 """
 from __future__ import annotations
 
@@ -61,11 +63,13 @@ def _state(cluster) -> str:
             f"fenced {list(m.fenced)}, failing {list(m.failing)}; presence {presence}")
 
 
-def run(rounds: int, code: str = "xor", seed: int = 0, log=print) -> dict:
-    """Run the loop; returns {"rounds", "kills", "lost"} (lost: rows that differed, summed over checks)."""
+def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float = 0.0) -> dict:
+    """Run the loop; returns {"rounds", "kills", "drains", "lost"} (lost: rows that differed, summed over
+    checks). `drains`: the share of rounds whose first node is drained, not killed."""
     k, r = (4, 1) if code == "xor" else (3, 2)
     rng = np.random.default_rng(seed)
-    kills = lost = 0
+    draws = np.random.default_rng(seed + 1)  # a stream of its own: without drains the rounds run as before
+    kills = drained = lost = 0
     started = time.perf_counter()
     with LocalCluster(nodes=k + r + 1, code=code, k=k, r=r, spares=r, window_rows=4096) as cluster, \
             LocalCluster(nodes=1, code="none", k=1, r=0, processes=False) as ref_cluster:
@@ -78,6 +82,7 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print) -> dict:
             second = r >= 2 and rng.random() < 0.5  # a second node dies during the first one's rebuild
             batches = list(_requests(rng, int(rng.integers(3, 9))))
             at = int(rng.integers(len(batches) - 1))
+            drain = draws.random() < drains
             notes = []
             for i, batch in enumerate(batches):
                 if i == at or (i == at + 1 and second):
@@ -87,10 +92,15 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print) -> dict:
                         client.flush()
                     victim = int(rng.choice([p for p in range(cluster.config.nodes) if cluster.state(p) == "up"]))
                     rebuilding = [p for p in range(cluster.config.nodes) if cluster.state(p) == "rebuilding"]
-                    notes.append(f"node {victim} (pid {cluster.node_pids()[victim]})"
+                    notes.append(f"{'drained' if drain and i == at else 'SIGKILLed'} node {victim} "
+                                 f"(pid {cluster.node_pids()[victim]})"
                                  + (f" while node {rebuilding} rebuilt" if rebuilding else ""))
-                    cluster.kill(victim)
-                    kills += 1
+                    if drain and i == at:
+                        cluster.drain(victim)
+                        drained += 1
+                    else:
+                        cluster.kill(victim)
+                        kills += 1
                 for c in (client, reference):
                     _apply(c, batch)
                 if i != at or moment != "mid-window":
@@ -109,16 +119,16 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print) -> dict:
             lost += bad + after
             for _ in notes:
                 cluster.add_spare()
-            log(f"round {n}: SIGKILLed {' then '.join(notes)}, {moment} at batch {at + 1}/{len(batches)}; "
+            log(f"round {n}: {' then '.join(notes)}, {moment} at batch {at + 1}/{len(batches)}; "
                 f"degraded read of all rows: {bad} lost; rebuilt {rebuilt:.2f} s later, parity exact; "
                 f"read again: {after} lost")
         client.wait_recovered(timeout=120)
         client.flush()
         check_parity(cluster, client)
         lost += _lost(client, reference)
-    log(f"kill loop ({code}): {rounds} rounds, {kills} kills (SIGKILL), {lost} lost, "
+    log(f"kill loop ({code}): {rounds} rounds, {kills} kills (SIGKILL), {drained} drains, {lost} lost, "
         f"{time.perf_counter() - started:.0f} s")
-    return {"rounds": rounds, "kills": kills, "lost": lost}
+    return {"rounds": rounds, "kills": kills, "drains": drained, "lost": lost}
 
 
 def main(argv=None) -> None:
@@ -126,6 +136,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--code", default="xor", choices=["xor", "rs"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--drains", type=float, default=0.0, help="share of rounds that drain a node, not kill it")
     parser.add_argument("--log", help="also append the log to this file")
     args = parser.parse_args(argv)
     out = open(args.log, "a") if args.log else None
@@ -134,7 +145,7 @@ def main(argv=None) -> None:
         print(line, flush=True)
         if out:
             print(line, file=out, flush=True)
-    result = run(args.rounds, args.code, args.seed, log)
+    result = run(args.rounds, args.code, args.seed, log, args.drains)
     sys.exit(0 if result["lost"] == 0 else 1)
 
 
