@@ -17,8 +17,6 @@ class CommandError(Exception):
 
 
 def cmd_node(args) -> None:
-    if args.action == "drain":
-        return cmd_drain(args)
     from .process.node_server import run
     from .security import checked
     data = cluster_config.load(args.config) if args.config else {}
@@ -47,34 +45,41 @@ def cmd_node(args) -> None:
 def cmd_drain(args) -> None:
     from .cluster import plans
     from .cluster.store import open_store
-    if args.target is None:
-        raise CommandError("node drain needs the name of the node to drain")
-    data = cluster_config.load(args.config or "cluster.toml")
+    from .config import ClusterConfig
+    data = cluster_config.load(args.drain_config or args.config or "cluster.toml")
     if "membership" not in data:
         raise CommandError("node drain needs a cluster file with a [membership] section (etcd endpoints, prefix)")
     _, endpoint = cluster_config.find_node(data, args.target)
+    name = f"{args.target} ({endpoint})"
     store = open_store(data["membership"])
     try:
-        if args.cancel:
-            store.cancel_drain(endpoint)
-            print(f"withdrew the drain of {args.target} ({endpoint}); a node fenced for it already stays gone")
-            return
         m = store.read_map()
         if m is None:
             raise CommandError("the store holds no cluster map: is the cluster up?")
         p = m.position_of(endpoint)
+        if args.cancel:
+            if endpoint not in store.drains():
+                raise CommandError(f"no drain of {name} is asked for")
+            if p is None or not store.cancel_drain(endpoint, m):
+                raise CommandError(f"the drain of {name} has begun (its node is fenced): it goes on")
+            print(f"withdrew the drain of {name}")
+            return
         if p is None and endpoint not in store.presence():
-            raise CommandError(f"{args.target} ({endpoint}) holds no position and is not running")
+            raise CommandError(f"{name} holds no position and is not running")
+        if p is not None and not ClusterConfig(**m.config).r:
+            raise CommandError("the cluster keeps no parity (r = 0): a node's rows cannot be rebuilt elsewhere")
         store.request_drain(endpoint)
-        print(f"asked {args.target} ({endpoint}) to leave" + (f" position {p}" if p is not None else ""), flush=True)
+        print(f"asked {name} to leave" + (f" position {p}" if p is not None else ""), flush=True)
         deadline, said = time.monotonic() + args.timeout, None
         while True:
-            done, now = plans.drain_progress(store.read_map(), store.presence(), store.drains(), endpoint, p)
+            state, now = plans.drain_progress(store.read_map(), store.presence(), store.drains(), endpoint, p)
             if now != said:
                 print(now, flush=True)
                 said = now
-            if done:
+            if state == "done":
                 return
+            if state == "withdrawn":
+                raise CommandError(f"the drain of {name} was withdrawn")
             if time.monotonic() > deadline:
                 raise CommandError(f"not drained within {args.timeout:g} s ({now}); the request stands: "
                                    f"withdraw it with --cancel")
@@ -261,13 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ectable", description="erasure-coded embedding-table storage")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("node", help="run one storage node, or drain one (`ectable node drain NAME`)")
-    p.add_argument("action", nargs="?", choices=["drain"],
-                   help="drain: hand node NAME's position to a spare (which rebuilds it as after a failure), then "
-                        "stop the node; waits until the spare is up. Without: run a node")
-    p.add_argument("target", nargs="?", metavar="NAME", help="drain: the node's name in the cluster file")
-    p.add_argument("--cancel", action="store_true", help="drain: withdraw the request (if no node was fenced yet)")
-    p.add_argument("--timeout", type=float, default=600.0, help="drain: seconds to wait (default 600)")
-    p.add_argument("--config", help="cluster TOML (endpoints, code, keys; drain: default cluster.toml)")
+    actions = p.add_subparsers(dest="action", metavar="{drain}", help="drain: take node NAME out of the cluster "
+                               "(`ectable node drain --help`); without it: run a node")
+    d = actions.add_parser("drain", help="hand node NAME's position to a free spare (which rebuilds it as after a "
+                           "failure), then stop the node; waits until the spare is up and the node gone")
+    d.add_argument("target", metavar="NAME", help="the node's name in the cluster file")
+    d.add_argument("--config", dest="drain_config", help="the cluster file (default cluster.toml)")
+    d.add_argument("--cancel", action="store_true", help="withdraw the request instead (only before the node is "
+                   "fenced)")
+    d.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    d.set_defaults(fn=cmd_drain)
+    p.add_argument("--config", help="cluster TOML (endpoints, code, keys)")
     p.add_argument("--id", type=int, help="this node's position in [nodes] endpoints")
     p.add_argument("--name", help="this node's name in the cluster file ([nodes] names or spare_names; default names "
                    "node-N and spare-N): a node takes its position, a spare binds its endpoint and waits")

@@ -12,7 +12,7 @@ import ectable
 from ectable import config as cluster_config
 from ectable.errors import Error
 from ectable.testing import check_parity
-from ectable.testing.trainer import Trainer
+from ectable.testing.reference_trainer import Trainer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -40,6 +40,15 @@ def test_in_process_drain_mid_window(code):
         trainer.check("recovered")
 
 
+def test_no_drain_without_parity():
+    """code none keeps no parity: a drain is refused at once and changes nothing."""
+    with ectable.LocalCluster(nodes=4, code="none", k=4, r=0, spares=1, processes=False) as cluster:
+        before = (cluster.epoch, cluster.endpoints)
+        with pytest.raises(Error, match="no parity"):
+            cluster.drain(1)
+        assert not cluster.store.drains() and (cluster.epoch, cluster.endpoints) == before
+
+
 def drain_command(cluster, tmp_path, name, *extra):
     """`ectable node drain NAME` on this cluster's file, started (not waited for)."""
     toml = tmp_path / "cluster.toml"
@@ -58,12 +67,13 @@ def train_while(trainer, proc, timeout=120.0) -> tuple[str, str]:
     return proc.communicate(timeout=10)
 
 
-@pytest.mark.parametrize("code", sorted(CODES))
-def test_drain_from_the_shell_while_training(code, tmp_path):
-    """Node processes: `ectable node drain node-2` while a trainer writes on; the command reports each stage
-    and exits 0 once the spare is up and the node stopped; every row equals the reference, parity is exact."""
+@pytest.mark.parametrize("code,keys", [("xor", False), ("rs", True)])
+def test_drain_from_the_shell_while_training(code, keys, tmp_path):
+    """Node processes (with CURVE keys for rs): `ectable node drain node-2` while a trainer writes on; the command
+    reports each stage and exits 0 once the spare is up, the node stopped and the request closed; every row
+    equals the reference, parity is exact."""
     k, r = CODES[code]
-    with ectable.LocalCluster(nodes=k + r, code=code, k=k, r=r, spares=1) as cluster:
+    with ectable.LocalCluster(nodes=k + r, code=code, k=k, r=r, spares=1, keys=keys or None) as cluster:
         trainer = Trainer(cluster.connect(), "t", rows=3000, dim=8, seed=zlib.crc32(f"shell{code}".encode()))
         trainer.train(rounds=2)
         leaving = cluster.endpoints[2]
@@ -80,38 +90,47 @@ def test_drain_from_the_shell_while_training(code, tmp_path):
         trainer.check("after training on")
 
 
+def shell(tmp_path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ectable", "node", "drain", *args, "--config",
+                           str(tmp_path / "cluster.toml")], capture_output=True, text=True, timeout=60)
+
+
+def one_line_error(done, text):
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and text in done.stderr, done.stderr
+
+
 def test_a_drain_without_a_spare_waits_and_changes_nothing(tmp_path):
     """No free spare: `drain` gives up after its timeout with the reason, withdraws its request and leaves the
-    cluster as it was; the shell command says the same in one line and keeps its request, which is carried out
-    once a spare is added (or withdrawn with --cancel)."""
+    cluster as it was; the shell command says the same in one line and keeps its request, which `--cancel`
+    withdraws (a command waiting on it then says so) and a spare added later lets go on."""
     with ectable.LocalCluster(nodes=5, code="xor", k=4, spares=0) as cluster:
         trainer = Trainer(cluster.connect(), "t", rows=2000, dim=8, seed=5)
         trainer.train(rounds=2)
-        before = (cluster.epoch, cluster.endpoints)
+        before, leaving = (cluster.epoch, cluster.endpoints), cluster.endpoints[1]
         with pytest.raises(Error, match="not drained within 1 s: no free spare"):
             cluster.drain(1, timeout=1)
         assert not cluster.store.drains() and (cluster.epoch, cluster.endpoints) == before
-        proc = drain_command(cluster, tmp_path, "node-1", "--timeout", "1")
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 1 and err.count("\n") == 1 and "no free spare" in err and "--cancel" in err, err
-        assert cluster.store.drains() == {cluster.endpoints[1]} and (cluster.epoch, cluster.endpoints) == before
-        leaving = cluster.endpoints[1]
-        cluster.add_spare()
-        deadline = time.monotonic() + 60
-        while cluster.endpoints[1] == leaving or cluster.state(1) != "up":
-            assert time.monotonic() < deadline, "the standing drain was not carried out"
-            trainer.train(rounds=1)
-            cluster.refresh()
-        trainer.check("drained once a spare came")
-        for args in (["nonesuch"], ["node-0", "--cancel"]):
-            done = subprocess.run([sys.executable, "-m", "ectable", "node", "drain", *args, "--config",
-                                   str(tmp_path / "cluster.toml")], capture_output=True, text=True, timeout=60)
-            assert done.returncode == (1 if args == ["nonesuch"] else 0), done.stderr
-            assert "Traceback" not in done.stderr
+        out, err = drain_command(cluster, tmp_path, "node-1", "--timeout", "1").communicate(timeout=60)
+        assert "no free spare" in err and "--cancel" in err and err.count("\n") == 1, err
+        assert set(cluster.store.drains()) == {leaving} and (cluster.epoch, cluster.endpoints) == before
+        assert "withdrew the drain of node-1" in shell(tmp_path, "node-1", "--cancel").stdout
+        assert not cluster.store.drains()
+        one_line_error(shell(tmp_path, "node-1", "--cancel"), "no drain of node-1")
+        one_line_error(shell(tmp_path, "nonesuch"), "no node or spare named 'nonesuch'")
+        waiting = drain_command(cluster, tmp_path, "node-1")
         deadline = time.monotonic() + 30
-        while cluster.store.drains():  # the request is done once the drained node's presence is gone
-            assert time.monotonic() < deadline, f"drain requests left: {cluster.store.drains()}"
-            time.sleep(0.1)
+        while not cluster.store.drains():
+            assert time.monotonic() < deadline and waiting.poll() is None, "the request was not made"
+            time.sleep(0.05)
+        assert shell(tmp_path, "node-1", "--cancel").returncode == 0
+        out, err = waiting.communicate(timeout=30)
+        assert waiting.returncode == 1 and "the drain of node-1" in err and "was withdrawn" in err, (out, err)
+        standing = drain_command(cluster, tmp_path, "node-1")
+        cluster.add_spare()
+        out, err = train_while(trainer, standing)
+        assert standing.returncode == 0 and out.splitlines()[-1].endswith("holds position 1, up; the node stopped")
+        assert cluster.endpoints[1] != leaving and not cluster.store.drains()
+        trainer.check("drained once a spare came")
 
 
 def test_a_node_killed_while_the_drained_position_rebuilds():

@@ -8,7 +8,7 @@ import pytest
 
 import ectable
 from ectable.testing import check_parity
-from ectable.testing.trainer import Trainer
+from ectable.testing.reference_trainer import Trainer
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -254,17 +254,21 @@ def test_drain_progress_from_request_to_the_spare_up():
     m = cluster_map()
     leaving, spare = m.endpoints[2], "tcp://127.0.0.1:9000"
     seen = presence(m, **{spare: {"endpoint": spare, "source": None, "position": None}})
-    done, now = plans.drain_progress(m, seen, {leaving}, leaving, 2)
-    assert not done and now == "waiting: the decider acts next"
-    done, now = plans.drain_progress(m, presence(m), {leaving}, leaving, 2)
-    assert not done and now.startswith("waiting: no free spare")
+    asked = {leaving: 40}
+    assert plans.drain_progress(m, seen, asked, leaving, 2) == ("waiting", "waiting: the decider acts next")
+    state, now = plans.drain_progress(m, presence(m), asked, leaving, 2)
+    assert state == "waiting" and now.startswith("waiting: no free spare")
+    assert plans.drain_progress(m, seen, {}, leaving, 2)[0] == "withdrawn"
     fenced = plans.declare_dead(m, [2])
-    assert plans.drain_progress(fenced, seen, {leaving}, leaving, 2) == (
-        False, "fenced; waiting for a spare to take position 2")
+    assert plans.drain_progress(fenced, seen, asked, leaving, 2) == (
+        "waiting", "fenced; waiting for a spare to take position 2")
     taken = fenced.replace(failing=()).with_position(2, endpoint=spare, source="node/2/b", state="rebuilding")
-    assert plans.drain_progress(taken, seen, {leaving}, leaving, 2) == (False, f"{spare} took position 2: rebuilding")
+    assert plans.drain_progress(taken, seen, asked, leaving, 2) == ("waiting", f"{spare} took position 2: rebuilding")
     up = taken.with_position(2, state="up")
-    assert plans.drain_progress(up, seen, {leaving}, leaving, 2) == (False, "waiting for the node to stop")
+    assert plans.drain_progress(up, seen, asked, leaving, 2) == ("waiting", "waiting for the node to stop")
     gone = {e: info for e, info in seen.items() if e != leaving}
-    assert plans.drain_progress(up, gone, set(), leaving, 2) == (True, f"{spare} holds position 2, up; the node stopped")
-    assert plans.drain_progress(m, presence(m), set(), spare, None) == (True, "the node stopped")
+    assert plans.drain_progress(up, gone, asked, leaving, 2) == ("waiting", "waiting for the node to stop")
+    assert plans.drain_progress(up, gone, {}, leaving, 2) == ("done", f"{spare} holds position 2, up; the node stopped")
+    assert plans.drain_progress(m, seen, {spare: 41}, spare, None) == ("waiting", "waiting for the node to stop")
+    assert plans.drain_progress(m, seen, {}, spare, None)[0] == "withdrawn"
+    assert plans.drain_progress(m, presence(m), {}, spare, None) == ("done", "the node stopped")

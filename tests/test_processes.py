@@ -374,9 +374,15 @@ def test_every_option_has_a_help_text():
     from ectable.__main__ import build_parser
     parser = build_parser()
     [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    missing = [f"{name} {action.dest}" for name, command in sub.choices.items() for action in command._actions
+    commands = dict(sub.choices)
+    for name, command in sub.choices.items():  # and subcommands of commands (`node drain`)
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                assert all(choice.help for choice in action._choices_actions)
+                commands.update({f"{name} {n}": c for n, c in action.choices.items()})
+    missing = [f"{name} {action.dest}" for name, command in commands.items() for action in command._actions
                if not action.help]
-    assert not missing
+    assert not missing and "node drain" in commands
     assert all(choice.help for choice in sub._choices_actions)
 
 

@@ -278,12 +278,12 @@ class Decider:
             return False
         return False
 
-    def _drain(self, m: Map, presence: dict, drains: set, spares: list[str]) -> bool:
+    def _drain(self, m: Map, presence: dict, drains: dict, spares: list[str]) -> bool:
         """Nodes asked to leave: the first holding a position is failed over (fenced, to be replaced by a spare
         like a dead node) once `plans.drain_waits` allows, and told to stop; one holding no position (a spare,
         or fenced already) is told to stop; a request whose node is gone is done."""
         live = {m.endpoints[p] for p in m.live()}
-        for endpoint in sorted(drains - live):
+        for endpoint in sorted(drains.keys() - live):
             if endpoint not in presence:
                 self.store.cancel_drain(endpoint)
                 self.told.pop(endpoint, None)
@@ -293,27 +293,35 @@ class Decider:
         p = plans.drainable(m, drains, spares)
         if p is None:
             return False
-        self._flush(m.endpoints[p])
-        if self._swap(m, plans.declare_dead(m, [p])) is None:
+        endpoint = m.endpoints[p]
+        self._flush(endpoint)
+        presence = self.store.presence()  # the flush took a while: a node may have gone meanwhile
+        if plans.silent(m, presence) or plans.drainable(m, drains, plans.free_spares(m, presence, drains)) != p:
             return False
-        self.log(f"epoch {m.epoch}: position {p} drained: {m.endpoints[p]} fenced, to be replaced by a spare")
-        self._stop(m.endpoints[p])
+        if self._swap(m, plans.declare_dead(m, [p]), self.store.drain_guard(endpoint, drains[endpoint])) is None:
+            return False  # the map changed, or the request was withdrawn
+        self.log(f"epoch {m.epoch}: position {p} drained: {endpoint} fenced, to be replaced by a spare")
+        self._stop(endpoint)
         return True
 
     def _flush(self, endpoint: str) -> None:
-        """Close the window of the node at `endpoint` until none of its deltas waits for an acknowledgement (for
-        FLUSH_SECONDS at most), so that the reconcile after it is fenced likely finds every parity holder at the
-        same window: nothing rolled back, little replayed. Writes that come after are reconciled as usual."""
-        deadline = clock.monotonic() + FLUSH_SECONDS
+        """Close the window of the node at `endpoint`, then wait until none of its deltas waits for an
+        acknowledgement (FLUSH_SECONDS at most), so that the reconcile after it is fenced likely finds every
+        parity holder at the same window: nothing rolled back, little replayed. Writes that come after are
+        reconciled as usual."""
+        deadline, close = clock.monotonic() + FLUSH_SECONDS, True
         while True:
-            ok, _ = self._ask({endpoint: (Sync(close=True).header(), [])})
+            ok, _ = self._ask({endpoint: (Sync(close=close).header(), [])})
+            close = False
             if endpoint not in ok or ok[endpoint][0].get("unacked") == 0 or clock.monotonic() > deadline:
                 return
             clock.sleep(0.02)
 
     def _stop(self, endpoint: str) -> None:
         self.told[endpoint] = clock.monotonic()
-        self.control.call_all({endpoint: (Shutdown(token=self.token).header(), [])}, CONTROL_TIMEOUT)
+        answer = self.control.call_all({endpoint: (Shutdown(token=self.token).header(), [])}, CONTROL_TIMEOUT)
+        if isinstance(answer[endpoint], Exception):
+            self.log(f"{endpoint}, drained, was not told to stop: {answer[endpoint]}")
 
     def _give_tables(self, spare: str) -> list:
         """Create on `spare` every table the store lists, and drop those dropped (deltas and replays naming

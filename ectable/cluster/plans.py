@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..config import ClusterConfig
 from ..layout import Layout
 from .map import Map
 
@@ -137,7 +138,7 @@ def drain_waits(m: Map, spares: list[str]) -> str | None:
     so it takes one failure's worth of redundancy while the spare rebuilds: it starts only when every
     position is up (none dead, reconciling or rebuilding) and a free spare (`spares`) can take the place;
     never without parity (r = 0), where the node's rows would be lost."""
-    if not m.config.get("r"):
+    if not ClusterConfig(**m.config).r:
         return "the cluster keeps no parity (r = 0): its rows cannot be rebuilt elsewhere"
     for p in range(m.nodes):
         if m.states[p] != "up":
@@ -157,16 +158,19 @@ def drainable(m: Map, drains: set, spares: list[str]) -> int | None:
     return leaving[0]
 
 
-def drain_progress(m: Map, presence: dict, drains: set, endpoint: str, p: int | None) -> tuple[bool, str]:
-    """(whether it is done, what happens now) for the drain of the node at `endpoint`, which held live position
-    `p` (None: a spare) when the drain was asked for: done once the node is gone and a spare holds p, up."""
-    gone = endpoint not in presence
-    if p is not None and m.endpoints[p] == endpoint:
+def drain_progress(m: Map, presence: dict, drains, endpoint: str, p: int | None) -> tuple[str, str]:
+    """("waiting", "done" or "withdrawn"; what happens now) for the drain of the node at `endpoint`, which held
+    live position `p` (None: a spare) when the drain was asked for: done once a spare holds p, up, the node is gone
+    and the decider closed the request (`drains`)."""
+    held = p is not None and m.endpoints[p] == endpoint
+    if endpoint not in drains and (m.states[p] != "dead" if held else endpoint in presence):
+        return "withdrawn", "the request was withdrawn (`--cancel`, or a drain that gave up)"
+    if held:
         if m.states[p] != "dead":
-            return False, f"waiting: {drain_waits(m, free_spares(m, presence, drains)) or 'the decider acts next'}"
-        return False, f"fenced; waiting for a spare to take position {p}"
+            return "waiting", f"waiting: {drain_waits(m, free_spares(m, presence, drains)) or 'the decider acts next'}"
+        return "waiting", f"fenced; waiting for a spare to take position {p}"
     if p is not None and m.states[p] != "up":
-        return False, f"{m.endpoints[p]} took position {p}: {m.states[p]}"
-    if not gone:
-        return False, "waiting for the node to stop"
-    return True, (f"{m.endpoints[p]} holds position {p}, up; " if p is not None else "") + "the node stopped"
+        return "waiting", f"{m.endpoints[p]} took position {p}: {m.states[p]}"
+    if endpoint in presence or endpoint in drains:
+        return "waiting", "waiting for the node to stop"
+    return "done", (f"{m.endpoints[p]} holds position {p}, up; " if p is not None else "") + "the node stopped"

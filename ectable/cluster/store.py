@@ -69,14 +69,21 @@ class ClusterStore:
         """Ask that the node at `endpoint` leave the cluster (its position handed to a spare first)."""
         self.membership.put(self.drain_prefix + endpoint, b"")
 
-    def cancel_drain(self, endpoint: str) -> None:
-        """Withdraw a drain request (a node already fenced for it stays gone)."""
-        self.membership.txn([], [Delete(self.drain_prefix + endpoint)])
+    def cancel_drain(self, endpoint: str, m: Map | None = None) -> bool:
+        """Withdraw a drain request; with `m`, only while the map is still `m` (a decider that acted on the request
+        changed it); whether it was withdrawn."""
+        guard = [] if m is None else [Compare.unchanged(self.map_key, m.epoch)]
+        ok, _ = self.membership.txn(guard, [Delete(self.drain_prefix + endpoint)])
+        return ok
 
-    def drains(self) -> set[str]:
-        """Endpoints whose nodes are asked to leave."""
+    def drains(self) -> dict[str, int]:
+        """{endpoint whose node is asked to leave: the request's revision}."""
         kvs, _ = self.membership.range(self.drain_prefix)
-        return {kv.key[len(self.drain_prefix):] for kv in kvs}
+        return {kv.key[len(self.drain_prefix):]: kv.mod_revision for kv in kvs}
+
+    def drain_guard(self, endpoint: str, revision: int) -> list:
+        """A comparison that holds while the drain request for `endpoint` stands as read (at `revision`)."""
+        return [Compare.unchanged(self.drain_prefix + endpoint, revision)]
 
     # -- writers -----------------------------------------------------------
     def register_writer(self, writer: str, lease: int) -> None:

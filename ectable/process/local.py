@@ -86,10 +86,12 @@ class LocalCluster(ClusterMap):
     def drain(self, i: int, timeout: float = START_TIMEOUT) -> None:
         """Hand active node i's position to a spare and stop the node, with no failure to detect (`ectable node
         drain`); returns once a spare holds the position (it rebuilds it as after a failure). Error if the drain
-        could not start within `timeout` seconds (the request is then withdrawn)."""
+        could not start within `timeout` seconds (the request is then withdrawn), or no spare took the position."""
         endpoint = self._map.endpoints[i]
         if self._map.states[i] == "dead":
             raise Error(f"position {i} is dead already")
+        if not self.config.r:
+            raise Error(f"position {i} cannot be drained: the cluster keeps no parity (r = 0)")
         self.store.request_drain(endpoint)
         deadline = time.monotonic() + timeout
         while True:
@@ -97,12 +99,12 @@ class LocalCluster(ClusterMap):
             if self._map.endpoints[i] != endpoint and self._map.states[i] != "dead":
                 return
             if time.monotonic() > deadline:
-                if self._map.endpoints[i] != endpoint or self._map.states[i] == "dead":
-                    raise Error(f"position {i} was drained but no spare took it within {timeout} s")
-                self.store.cancel_drain(endpoint)
-                m, drains = self._map, self.store.drains()
-                why = plans.drain_waits(m, plans.free_spares(m, self.store.presence(), drains))
-                raise Error(f"position {i} was not drained within {timeout} s: {why or 'the decider did not act'}")
+                m = self.store.read_map()
+                if m.position_of(endpoint) == i and self.store.cancel_drain(endpoint, m):
+                    drains = self.store.drains()
+                    why = plans.drain_waits(m, plans.free_spares(m, self.store.presence(), drains))
+                    raise Error(f"position {i} was not drained within {timeout} s: {why or 'the decider did not act'}")
+                raise Error(f"position {i} was drained but no spare took it within {timeout} s")
             time.sleep(0.02)
 
 
@@ -119,7 +121,7 @@ class InProcessCluster(StoredMap, LocalCluster):
         endpoints = [f"inproc://ectable-node-{i}" for i in range(self.config.nodes + self._spares)]
         self._hosts = {e: InProcessHost(e, token, store) for e in endpoints}
         store.swap_map(None, Map.initial(self.config.get_config(), endpoints[: self.config.nodes]))
-        self.decider = Decider(store, _HostControl(self._hosts), "decider/local", token)
+        self.decider = Decider(store, _HostControl(self._hosts, self._deliver), "decider/local", token)
         self.lock = threading.RLock()
         self._stopped = threading.Event()
         self._failure: Exception | None = None  # met by the timer's delivery: raised to the next caller
@@ -266,10 +268,10 @@ class InProcessHost(NodeHost):
 
 
 class _HostControl:
-    """The decider's control calls to in-process hosts, answered at once."""
+    """The decider's control calls to in-process hosts, answered at once (and the deltas they made delivered)."""
 
-    def __init__(self, hosts: dict):
-        self.hosts = hosts
+    def __init__(self, hosts: dict, deliver=lambda: None):
+        self.hosts, self.deliver = hosts, deliver
 
     def keep(self, endpoints) -> None:
         """No channels to close."""
@@ -283,6 +285,7 @@ class _HostControl:
                 continue
             reply = host.handle(header, list(arrays))
             out[endpoint] = Error(f"node {endpoint}: {reply[0].get('message')}") if reply[0].get("error") else reply
+        self.deliver()
         return out
 
 

@@ -226,10 +226,12 @@ class Simulation:
 
     def heal(self) -> None:
         """End every fault: partitions end, a decider runs, every dead position can get a spare, drains not
-        started yet are withdrawn."""
+        begun yet are withdrawn."""
         self.network.cut.clear()
+        m = self.store.read_map()
         for endpoint in self.store.drains():
-            self.store.cancel_drain(endpoint)
+            if m.position_of(endpoint) is not None:
+                self.store.cancel_drain(endpoint, m)
         self.faults.drop = self.faults.kill_at_message = 0.0
         if all(d.name in self.world.killed for d in self.deciders):
             self.start_decider()
