@@ -180,19 +180,23 @@ def walk_through(workdir: str) -> None:
         walk.say("## Adding a spare\n\nHost d joins with a spare node: the operator lists it in the cluster file "
                  "(and hands d the file with `keys/node-6.toml`'s section), d starts it; it holds no position, "
                  "announces itself in etcd and waits for one.")
-        spare = f"tcp://{address['d']}:7000"
-        walk.shell("trainer", [*ectable, "spare", "add", "d-0", spare, "--config", "cluster.toml"],
-                   f"ectable spare add d-0 {spare} --config cluster.toml")
-        own("node-d-0.toml", "node-6", {k: v for k, v in cluster_config.load(os.path.join(workdir, "cluster.toml")).items()
-                                        if k != "security"})
-        walk.service("d", "spare", [*ectable, "node", "--config", "node-d-0.toml", "--name", "d-0"])
-        walk.say("```\nd$ systemctl start ectable-node@d-0\n```")
-        walk.wait_status(lambda s: s["spares"] == 1, "the spare announced")
+        def add_spare(n: int) -> str:
+            """List spare d-n in the cluster file, give it node key 6 + n, start it on d; its endpoint."""
+            endpoint = f"tcp://{address['d']}:{7000 + n}"
+            walk.shell("trainer", [*ectable, "spare", "add", f"d-{n}", endpoint, "--config", "cluster.toml"],
+                       f"ectable spare add d-{n} {endpoint} --config cluster.toml")
+            own(f"node-d-{n}.toml", f"node-{6 + n}", {k: v for k, v in cluster_config.load(
+                os.path.join(workdir, "cluster.toml")).items() if k != "security"})
+            walk.service("d", f"spare-{n}", [*ectable, "node", "--config", f"node-d-{n}.toml", "--name", f"d-{n}"])
+            walk.say(f"```\nd$ systemctl start ectable-node@d-{n}\n```")
+            walk.wait_status(lambda s: s["spares"] == 1, f"spare d-{n} announced")
+            return endpoint
+        add_spare(0)
         walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
 
         walk.say("## Draining a node\n\nNode c-1 is to go (say, for work on its disk), with no failure: the operator "
-                 "drains it. Once every position is up and a spare is free, the decider closes c-1's window until its "
-                 "deltas are acknowledged, fences it and tells it to stop; the spare takes position 5 and rebuilds it "
+                 "drains it. Once every position is up and a spare is free, the decider closes c-1's window, waits (a second at "
+                 "most) until its deltas are acknowledged, fences it and tells it to stop; the spare takes position 5 and rebuilds it "
                  "as after a failure, with nothing to detect and, as c-1 flushed, little or nothing for trainers to "
                  "replay. While the spare rebuilds, the cluster survives one failure fewer (here one, not two). The "
                  "command waits until the spare is up.")
@@ -203,14 +207,7 @@ def walk_through(workdir: str) -> None:
         walk.shell("trainer", [py, "-"], "python - < check.py", stdin=CHECK.format(config="client.toml", ref=ref))
         walk.say("Host d starts another spare, d-1, for what comes next (listed and started as d-0 was, with "
                  "`keys/node-7.toml`'s section):")
-        spare = f"tcp://{address['d']}:7001"
-        walk.shell("trainer", [*ectable, "spare", "add", "d-1", spare, "--config", "cluster.toml"],
-                   f"ectable spare add d-1 {spare} --config cluster.toml")
-        own("node-d-1.toml", "node-7", {k: v for k, v in cluster_config.load(os.path.join(workdir, "cluster.toml")).items()
-                                        if k != "security"})
-        walk.service("d", "spare-1", [*ectable, "node", "--config", "node-d-1.toml", "--name", "d-1"])
-        walk.say("```\nd$ systemctl start ectable-node@d-1\n```")
-        walk.wait_status(lambda s: s["spares"] == 1, "the second spare announced")
+        spare = add_spare(1)
 
         walk.say("## A host fails\n\nHost b goes off the network (its link down: etcd member, decider and nodes 2 and 3 "
                  "with it). Within a few seconds their leases run out; the decider on a (which takes over if b's was "

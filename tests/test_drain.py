@@ -33,11 +33,7 @@ def test_in_process_drain_mid_window(code):
         assert cluster.endpoints[2] != leaving and not cluster._hosts[leaving].alive
         trainer.check("right after the drain")
         trainer.train(rounds=2)
-        trainer.client.wait_recovered(timeout=60)
-        assert all(cluster.state(p) == "up" for p in range(k + r)) and cluster.spares_left() == 0
-        trainer.client.flush()
-        check_parity(cluster, trainer.client)
-        trainer.check("recovered")
+        trainer.recovered(cluster)
 
 
 def test_no_drain_without_parity():
@@ -149,9 +145,4 @@ def test_a_node_killed_while_the_drained_position_rebuilds():
         cluster.kill(4)
         trainer.train(rounds=2, batch=2000)
         trainer.check("degraded, rebuilding")
-        client.wait_recovered(timeout=180)
-        assert all(cluster.state(p) == "up" for p in range(6)) and cluster.spares_left() == 0
-        trainer.train(rounds=2, batch=2000)
-        client.flush()
-        check_parity(cluster, client)
-        trainer.check("recovered")
+        trainer.recovered(cluster, batch=2000)

@@ -107,9 +107,4 @@ def test_a_node_killed_while_a_spare_rebuilds(second):
         # the rebuilders (clients of the cluster in the spares' processes) never wrote: no replacement may
         # wait for them as writers (a killed spare's rebuilder held the next spare's clients until its lease ran out)
         assert cluster.store.writers() == {cluster.writer}
-        client.wait_recovered(timeout=180)
-        assert all(cluster.state(p) == "up" for p in range(6)) and cluster.spares_left() == 0
-        trainer.train(rounds=2, batch=2000)
-        client.flush()
-        check_parity(cluster, client)
-        trainer.check("recovered")
+        trainer.recovered(cluster, batch=2000)

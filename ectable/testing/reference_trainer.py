@@ -4,7 +4,7 @@ import numpy as np
 
 from ..storage.initializers import init_rows
 from .reference import ReferenceTable
-from .checks import read_records
+from .checks import check_parity, read_records
 
 
 class Trainer:
@@ -50,3 +50,12 @@ class Trainer:
         records = read_records(self.client, self.table, ids)
         bad = np.flatnonzero((records.view(np.uint32) != expect.view(np.uint32)).any(axis=1))
         assert bad.size == 0, f"{what}: records of {bad.size} rows differ, first {bad[:10].tolist()}"
+
+    def recovered(self, cluster, batch: int = 400, timeout: float = 180.0) -> None:
+        """Wait until every position is up and no spare is left, train on, then check parity and every record."""
+        self.client.wait_recovered(timeout=timeout)
+        assert all(cluster.state(p) == "up" for p in range(cluster.config.nodes)) and cluster.spares_left() == 0
+        self.train(rounds=2, batch=batch)
+        self.client.flush()
+        check_parity(cluster, self.client)
+        self.check("recovered")
