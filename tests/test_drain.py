@@ -11,6 +11,7 @@ import pytest
 import ectable
 from ectable import config as cluster_config
 from ectable.errors import Error
+from ectable.process.status_view import render
 from ectable.testing import check_parity
 from ectable.testing.reference_trainer import Trainer
 
@@ -109,6 +110,8 @@ def test_a_drain_without_a_spare_waits_and_changes_nothing(tmp_path):
         out, err = drain_command(cluster, tmp_path, "node-1", "--timeout", "1").communicate(timeout=60)
         assert "no free spare" in err and "--cancel" in err and err.count("\n") == 1, err
         assert set(cluster.store.drains()) == {leaving} and (cluster.epoch, cluster.endpoints) == before
+        status = trainer.client.status()
+        assert status["draining"] == [1] and render(status).splitlines()[0].endswith("  draining [1]")
         assert "withdrew the drain of node-1" in shell(tmp_path, "node-1", "--cancel").stdout
         assert not cluster.store.drains()
         one_line_error(shell(tmp_path, "node-1", "--cancel"), "no drain of node-1")

@@ -528,7 +528,8 @@ class Client:
 
     @_open
     def status(self) -> dict:
-        """Nodes with their roles and health, parity lag, dirty rows and recovery progress (rows, rate, ETA)."""
+        """Nodes with their roles and health, parity lag, dirty rows, recovery progress (rows, rate, ETA) and the
+        positions whose nodes are asked to leave (`draining`)."""
         nodes = []
         for p in range(self.nodes):
             self._catch_up()  # a reply may have shown a newer map
@@ -545,6 +546,7 @@ class Client:
         done = sum(n["rebuild"].get("done", 0) for n in rebuilding)
         left = sum(n["rebuild_missing"] for n in live)
         rate = sum(n["rebuild"].get("rate", 0.0) for n in rebuilding)
+        leaving = self.cluster.draining()
         return {
             "nodes": nodes,
             "code": self.config.make_code().get_config(),
@@ -555,6 +557,7 @@ class Client:
             "parity_lag_writes": sum(n["write_seq"] - n["durable_seq"] for n in live),
             "unacked_deltas": sum(n["unacked_deltas"] for n in live),
             "degraded": [n["position"] for n in nodes if n["health"] == "down"],
+            "draining": [n["position"] for n in live if self.cluster.endpoints[n["position"]] in leaving],
             "checkpoint": self._checkpoints.progress(),
             "recovery": {"rebuilding": [n["position"] for n in rebuilding], "rows_done": done, "rows_left": left,
                          "rows_per_s": rate, "eta_s": left / rate if rate else None},

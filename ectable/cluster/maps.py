@@ -95,6 +95,10 @@ class ClusterMap:
         """The identity that held position p last, dead or alive."""
         return None
 
+    def draining(self) -> set[str]:
+        """Endpoints whose nodes an operator asked to leave (`ectable node drain`), as the store says now."""
+        return set()
+
     def settled_marks(self, source):
         """What survivors' parity held of dead `source`'s writes when it was reconciled (`Map.settled_marks`),
         or None if not recorded."""
@@ -173,6 +177,9 @@ class StoredMap:
 
     def table_dropped(self, name: str) -> None:
         self._stored(self.store.table_dropped, name)
+
+    def draining(self) -> set[str]:
+        return set(self._stored(self.store.drains))
 
     @staticmethod
     def _stored(call, *args):

@@ -13,7 +13,8 @@ def render(status: dict) -> str:
     code = status["code"]
     head = (f"code {code['id']}(k={code['k']}, r={code['r']})  epoch {status.get('epoch', '-')}  "
             f"tables {len(status['tables'])}  spares {status['spares']}  dirty rows {status['dirty_rows']}  "
-            f"parity lag {status['parity_lag_writes']} writes  degraded {status['degraded'] or '-'}")
+            f"parity lag {status['parity_lag_writes']} writes  degraded {status['degraded'] or '-'}"
+            + (f"  draining {status['draining']}" if status.get("draining") else ""))
     cols = ["node", "role", "health", "pid", "memory", "data rows", "parity rows", "dirty", "unacked", "rebuild left",
             "rejected", "endpoint"]
     rows = [[n.get("position"), n.get("role"), n.get("health"), n.get("pid", "-"), _mib(n.get("rss_bytes")),
