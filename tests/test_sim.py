@@ -60,7 +60,10 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
                       "whose other two slots were dead and rebuilding (Unavailable)"),
          ("xor", 203, "a table created while a node had not yet learned of a replacement (done rebuilding: its only "
                       "table was dropped): the node took the position for dead and dropped its deltas of the new "
-                      "table's rows for it as moot; the replacement's parity of them went stale")]
+                      "table's rows for it as moot; the replacement's parity of them went stale"),
+         ("rs", 1092, "a degraded write's deltas went to its holders one after another: a holder that died after "
+                      "promising held up the others past their promise; refused as replaced by some and taken by "
+                      "others, the write was split (see test_a_holder_that_stalls_splits_no_degraded_write)")]
 
 
 @pytest.mark.timeout(300)
@@ -104,3 +107,74 @@ def test_the_simulated_world_runs_fibers_one_at_a_time_in_seed_order():
     world.close()
     assert seen == [(0.2, "b"), (0.3, "a"), (0.6, "a"), (0.6, "b")]
     assert np.isclose(world.now, 2.0)
+
+
+def test_a_holder_that_stalls_splits_no_degraded_write(monkeypatch):
+    """rs(4,2) on six nodes, no spare: a node dies and is failed over. A degraded write to its rows gets every
+    holder's promise; then one holder is cut off, a late spare takes the dead position, and the deciders are away
+    until 9 s later, so the cut-off holder is failed over only then. The other holders must take the write within
+    their promise (5 s), all of them: a write taken by some and refused by others as replaced (the replacement
+    stands) is split, and its retry on the replacement lands twice in their parity (rs seed 1092 ended so). After
+    healing, every record equals the model and the parity is exact."""
+    from ectable import clock
+    from ectable.client import Client
+    from ectable.client.repair import Repair
+    from ectable.config import ClusterConfig
+    from ectable.testing.checks import check_parity, read_records
+    from ectable.testing.reference import ReferenceTable
+    from ectable.testing.sim.scenario import Simulation
+
+    s = Simulation(1, "rs")
+    s.config, s.spares = ClusterConfig(6, "rs", 4, 2, window_seconds=0.5), 0
+    s.faults.drop = s.faults.duplicate = s.faults.spike = s.faults.kill_at_message = 0.0
+    world, armed = s.world, {}
+    ready = Repair._parity_ready
+
+    def stall_after_promises(self, *args):
+        ready(self, *args)
+        if armed:
+            endpoint = armed.pop("holder")
+            world.note(f"cut {endpoint}; a spare comes; the deciders go away for a while")
+            s.network.cut[endpoint] = world.now + 60.0
+            s.add_spare()
+
+            def away():
+                for decider in s.deciders:
+                    decider.kill()
+                world.at(9.0, s.start_decider, "chaos")
+            world.at(1.5, away, "chaos")
+    monkeypatch.setattr(Repair, "_parity_ready", stall_after_promises)
+    with clock.use(world):
+        try:
+            with world.acting("client"):
+                client = Client(s.start())
+                client.create_table("t", num_rows=400, dim=4, optimizer="adagrad", lr=0.1, init="uniform", seed=0)
+                model = ReferenceTable(client._table("t")[0])
+                layout = client._table("t")[1]
+                ids = np.arange(400, dtype=np.int64)
+                rows = np.random.default_rng(0).standard_normal((400, 4)).astype(np.float32)
+                client.put("t", ids, rows)
+                model.put(ids, rows)
+                client.flush(timeout=60)
+                dead = 3
+                s.hosts[s.store.read_map().endpoints[dead]].kill()
+                mine = ids[layout.data_node(ids) == dead][:40]  # rows of the dead node, in several stripes
+                client.get("t", mine)  # fails it over
+                first = layout.parity_node(layout.stripe(mine), 0)
+                assert np.unique(first).size >= 2  # holders before the stalling one take the write at once
+                armed["holder"] = s.store.read_map().endpoints[int(first.max())]
+                grads = np.ones((mine.size, 4), dtype=np.float32)
+                client.apply_gradient("t", mine, grads)
+                model.apply_gradient(mine, grads)
+                assert not armed
+                s.heal()
+                client.wait_recovered(timeout=600)
+                client.flush(timeout=300)
+                want = np.stack([model.record(i) for i in ids])
+                got = read_records(client, "t", ids)
+                bad = np.flatnonzero((got.view(np.uint32) != want.view(np.uint32)).any(axis=1))
+                assert bad.size == 0, f"records of ids {ids[bad][:8].tolist()} differ from the model"
+                check_parity(client.cluster, client)
+        finally:
+            world.close()
+    assert not world.problems, world.problems

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import clock
+from ..config import DEADLINE
 from ..errors import Error, NodeDown, Replaced, StaleCut, Unavailable
 from ..protocol import deltas as payload, validate
 from ..protocol.messages import Delta, Get, GetParity, Holds, Missing, Restore, Status
@@ -228,13 +229,12 @@ class Repair:
         # once this writer checked in, so from parity that has the write.
         states = self.client._states()
         self._parity_ready(table, layout, stripes, position, dead, states)
-        usable = states != "dead"
-        for j in range(layout.r):
-            targets = layout.parity_node(stripes, j)
-            for target in np.unique(targets):
-                if usable[target]:  # a dead holder's parity is rebuilt from the data later
-                    pick = targets == target
-                    self.send_delta(int(target), table, ids[pick], delta[pick], position, dead)
+        holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)], axis=1)
+        pieces = {}
+        for target in np.unique(holders[states[holders] != "dead"]).tolist():  # a dead one's parity is rebuilt
+            pick = (holders == target).any(axis=1)  # from the data later; a holder holds one slot of a stripe
+            pieces[target] = (ids[pick], delta[pick])
+        self.send_deltas(table, pieces, position, dead)
 
     def _parity_ready(self, table: str, layout, stripes: np.ndarray, position, dead, states) -> None:
         """Before a degraded write: every live holder agrees to take it (`Replaced` if one knows of a
@@ -262,28 +262,44 @@ class Repair:
         exc.position = target
         raise exc
 
-    def send_delta(self, target: int, table: str, ids, delta, position: int | None = None,
-                   dead: str | None = None) -> None:
-        """Send a delta to the parity holder at `target` until it acknowledges it or is failed over (then its
-        parity is rebuilt from the data). The same delta number each time: a holder applies it once; a
-        degraded write is never applied twice, whatever was lost on the way."""
-        order = np.argsort(ids)  # a delta names its stripes in ascending order
-        ids, delta = ids[order], delta[order]
-        seq = self._next_seq.get(target, 0) + 1
-        self._next_seq[target] = seq
-        header = Delta(source=self.source, seq=seq, tables=[table], position=position, dead=dead).header()
-        holder = self.client.cluster.source(target)
-        while True:
-            try:
-                self.client._call(target, header, payload.pack([(ids, delta)]))
-                return
-            except Replaced:  # refused before it was applied: the number is free again
-                self._next_seq[target] = seq - 1
-                raise
-            except NodeDown:  # wait until it is failed over (or answers); the client fails over after the write:
-                self.client.cluster.mark_dead(target)  # failing over now could raise before every holder has it
-                if self.client.cluster.state(target) == "dead" or self.client.cluster.source(target) != holder:
-                    return  # its parity is rebuilt from the data (which the other holders' parity gives)
+    def send_deltas(self, table: str, pieces: dict, position: int | None = None, dead: str | None = None) -> None:
+        """Send each parity holder its delta ({target: (ids, delta)}), all at once, until each acknowledges it or
+        is failed over (then its parity is rebuilt from the data). At once, so that a holder that died holds up
+        no other: a degraded write's holders take it only while their promise lasts (`PROMISE_SECONDS`), and one
+        taken by some and refused by others would be split. The same delta number to a holder each time: it
+        applies it once, whatever was lost on the way. `Replaced` once every holder answered if one refused it
+        (its number is free again)."""
+        sends = {}
+        for target, (ids, delta) in pieces.items():
+            order = np.argsort(ids)  # a delta names its stripes in ascending order
+            seq = self._next_seq.get(target, 0) + 1
+            self._next_seq[target] = seq
+            header = Delta(source=self.source, seq=seq, tables=[table], position=position, dead=dead).header()
+            sends[target] = (header, payload.pack([(ids[order], delta[order])]), self.client.cluster.source(target))
+        refused = None
+        while sends:
+            self.client._finish_steps()
+            pending, down = {}, []
+            for target, (header, arrays, _) in sends.items():
+                try:
+                    pending[target] = self.client.cluster.channel(target).start(header, arrays)
+                except NodeDown:
+                    down.append(target)
+            for target, request in pending.items():
+                try:
+                    self.client._check_reply(target, *request.wait(DEADLINE))
+                    del sends[target]
+                except NodeDown:
+                    down.append(target)
+                except Replaced as exc:  # refused before it was applied: the number is free again
+                    self._next_seq[target] = sends.pop(target)[0]["seq"] - 1
+                    refused = refused or exc
+            for target in down:  # wait until it is failed over (or answers); the client fails over after the
+                self.client.cluster.mark_dead(target)  # write: failing over now could raise before every holder
+                if self.client.cluster.state(target) == "dead" or self.client.cluster.source(target) != sends[target][2]:
+                    del sends[target]  # has it; its parity is rebuilt from the data (the others' parity gives it)
+        if refused is not None:
+            raise refused
 
     # -- rebuilding a replacement ----------------------------------------
     def rebuild_rows(self, position: int, ids: dict) -> None:
