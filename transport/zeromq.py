@@ -117,25 +117,38 @@ class ZmqChannel(Channel):
                 f"{has}; connect with the cluster file's [security] section (made by `ectable keygen`)")
 
     def start(self, header, arrays):
+        """Send one request; while the node is not connected (IMMEDIATE refuses to queue), its wait sends it once
+        it is, so that a node that is down holds up no request started after it."""
         rid = next(self._ids)
         frames = codec.encode({**header, "id": rid}, arrays)
+        self._waiting.add(rid)
+        try:
+            self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            sent = True
+        except zmq.Again:
+            sent = False
+        return _ZmqPending(self, rid, frames, sent)
+
+    def _send(self, frames) -> None:
+        """Send a request once the node is connected; NodeDown if it is not within `connect_timeout`."""
         deadline = time.monotonic() + self.connect_timeout
         while True:
             try:
                 self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                self._waiting.add(rid)
-                return _ZmqPending(self, rid, frames)
-            except zmq.Again:  # not connected (yet): IMMEDIATE refuses to queue
+                return
+            except zmq.Again:
                 self._check_handshake()
                 if time.monotonic() > deadline or (self._alive and not self._alive()):
                     self._reset()
                     raise NodeDown(f"{self.endpoint} does not accept requests") from None
                 time.sleep(0.005)
 
-    def _wait(self, rid, frames, timeout):
-        now = time.monotonic()
-        deadline, resends = now + timeout, Resends(now)
+    def _wait(self, rid, frames, timeout, sent=True):
         try:
+            if not sent:
+                self._send(frames)
+            now = time.monotonic()
+            deadline, resends = now + timeout, Resends(now)
             while rid not in self._replies:
                 now = time.monotonic()
                 left = deadline - now
@@ -178,8 +191,8 @@ class ZmqChannel(Channel):
 
 
 class _ZmqPending(Pending):
-    def __init__(self, channel, rid, frames):
-        self.channel, self.rid, self.frames = channel, rid, frames
+    def __init__(self, channel, rid, frames, sent):
+        self.channel, self.rid, self.frames, self.sent = channel, rid, frames, sent
 
     def wait(self, timeout):
-        return self.channel._wait(self.rid, self.frames, timeout)
+        return self.channel._wait(self.rid, self.frames, timeout, self.sent)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import clock
 from ..config import DEADLINE
-from ..errors import Error, NodeDown, Replaced, StaleCut, Unavailable
+from ..errors import Error, NodeDown, StaleCut, Unavailable
 from ..protocol import deltas as payload, validate
 from ..protocol.messages import Delta, Get, GetParity, Holds, Missing, Restore, Status
 from ..storage.optimizers import write_rows
@@ -267,8 +267,8 @@ class Repair:
         is failed over (then its parity is rebuilt from the data). At once, so that a holder that died holds up
         no other: a degraded write's holders take it only while their promise lasts (`PROMISE_SECONDS`), and one
         taken by some and refused by others would be split. The same delta number to a holder each time: it
-        applies it once, whatever was lost on the way. `Replaced` once every holder answered if one refused it
-        (its number is free again)."""
+        applies it once, whatever was lost on the way. A refusal (`Replaced`, or any other error reply: nothing
+        was applied, the number is free again) is raised once every other holder has answered."""
         sends = {}
         for target, (ids, delta) in pieces.items():
             order = np.argsort(ids)  # a delta names its stripes in ascending order
@@ -291,7 +291,7 @@ class Repair:
                     del sends[target]
                 except NodeDown:
                     down.append(target)
-                except Replaced as exc:  # refused before it was applied: the number is free again
+                except Error as exc:  # refused before it was applied: the number is free again
                     self._next_seq[target] = sends.pop(target)[0]["seq"] - 1
                     refused = refused or exc
             for target in down:  # wait until it is failed over (or answers); the client fails over after the
