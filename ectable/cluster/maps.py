@@ -130,7 +130,10 @@ def read_cluster(store: ClusterStore) -> tuple:
     presence = store.presence()
     if m is None:
         return None, 0, frozenset(presence)
-    spares = len(plans.free_spares(m, presence, store.drains())) + len(plans.arriving(m, presence))
+    free = plans.free_spares(m, presence)
+    if free:  # the drain requests are read only when there is a spare they may take out of the count
+        free = plans.free_spares(m, presence, store.drains())
+    spares = len(free) + len(plans.arriving(m, presence))
     return m, spares, frozenset(presence)
 
 
