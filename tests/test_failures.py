@@ -103,6 +103,39 @@ def test_a_node_dying_between_its_write_and_its_delta_loses_nothing(fault, code)
         recovered_and_exact(cluster, client, ref)
 
 
+@pytest.mark.parametrize("op", ["write", "flush", "wait_recovered", "status"])
+def test_a_node_process_that_exits_just_after_the_client_caught_up_is_failed_over(op):
+    """A client fails over what moved, then plans its request from every position's state; a `LocalCluster`
+    declares a node dead as soon as it sees its process gone. A node SIGKILLed right between the two is
+    failed over on the way, and the call goes on as if it had died a moment later."""
+    cluster, reference, (client, ref) = make("xor")
+    with cluster, reference:
+        rng = np.random.default_rng(6)
+        write((client, ref), rng)
+        caught_up, armed = client._catch_up, [True]
+
+        def catch_up_then_kill():
+            out = caught_up()
+            if armed:
+                armed.clear()
+                cluster.kill(2)
+            return out
+
+        ids = rng.integers(0, 3000, 500)
+        grads = rng.standard_normal((500, 8)).astype(np.float32)
+        ref.apply_gradient("t", ids, grads)
+        if op != "write":
+            client.apply_gradient("t", ids, grads)
+        client.flush()  # no step due: the kill comes in `op`'s own planning
+        client._catch_up = catch_up_then_kill
+        if op == "write":
+            client.apply_gradient("t", ids, grads)
+        else:
+            getattr(client, op)()
+        assert not armed
+        recovered_and_exact(cluster, client, ref)
+
+
 @pytest.mark.parametrize("fault", ["duplicate_deltas", "reorder_deltas", "delay_deltas"])
 def test_duplicated_reordered_and_delayed_deltas_apply_exactly_once(fault):
     cluster, reference, (client, ref) = make("rs", spares=0)

@@ -84,8 +84,7 @@ class Checkpoints:
         chain.fs.makedirs(chain.directory(number), exist_ok=True)
         request = dict(number=number, root=chain.id, directory=directory, after=after, base=base, bits=bits,
                        adaptive=bool(adaptive), state_bits=state_bits)
-        client._catch_up()  # fail over what moved, so that every position's state is known
-        live = [p for p in range(client.nodes) if client._state(p) != "dead"]
+        live = client._positions()  # what moved failed over first, so that every position's state is known
         checks = self._ask_all({p: m.Snapshot(kind=kind, check=True, **request) for p in live})
         if kind != "full" and not all(reply["fits"] for reply in checks.values() if reply and "fits" in reply):
             kind = "full"  # some node's flags were cleared for another chain, or a checkpoint that failed

@@ -156,17 +156,16 @@ class Client:
         once every node knows the node at every live position: a node that still took a replacement's
         position for dead would drop its deltas for the new table's rows there, which no rebuild reads."""
         self.cluster.refresh()
-        self._catch_up()
         pending = self._positions()
         deadline = clock.monotonic() + CREATE_DEADLINE
         while pending:
             replies, failed = self._gather_live({(p,): (header, []) for p in pending}, timeout=CREATE_DEADLINE)
             for q in failed:
                 self._lost(q)
-            self._catch_up()
+            states = self._catch_up()
             behind = [key[0] for key, (reply, _) in replies.items()
                       if not self._knows_the_map(key[0], reply.get("peers"))]
-            pending = [q for q in failed if self._state(q) != "dead"] + behind
+            pending = [q for q in failed if states[q] != "dead"] + behind
             if behind:
                 if clock.monotonic() > deadline:
                     raise Error(f"nodes {behind} did not learn the cluster map within {CREATE_DEADLINE} s")
@@ -339,17 +338,17 @@ class Client:
 
     def _write(self, batch: dict) -> None:
         """Write {table: (kind, ids, values)}: one request per node, in parallel."""
-        self._catch_up()
+        states = self._catch_up()
         if self._writer is not None and self.cluster.writer_lapsed(self._writer):
             raise Error(LAPSED)
         parts = self._parts({table: ids for table, (_, ids, _) in batch.items()})
         for p, ps in parts.items():  # refuse before writing anything if some rows cannot be served
-            if self._state(p) == "dead":
+            if states[p] == "dead":
                 for table, ids, _ in ps:
-                    self.repair.check(table, ids)
+                    self.repair.check(table, ids, states)
         writes = {p: [(table, batch[table][0], ids, batch[table][2][where]) for table, ids, where in ps]
                   for p, ps in parts.items()}
-        entries = {p: self._logged(p, w) for p, w in writes.items() if self._state(p) != "dead"}
+        entries = {p: self._logged(p, w) for p, w in writes.items() if states[p] != "dead"}
         done = self._fan_out({p: self._write_request(e, self._sources.get(p)) for p, e in entries.items()}, entries)
         for p, w in writes.items():
             if p in done:
@@ -459,7 +458,6 @@ class Client:
         (node processes rebuild themselves)."""
         self._step_due = True
         if not self.cluster.rebuilds_itself:
-            self._catch_up()
             for p in self._positions():
                 self._rebuild_some(p, self.rebuild_budget)
 
@@ -478,7 +476,6 @@ class Client:
         (so a node's closing overlaps the caller's own work), or now if `wait`."""
         self._step_due = False
         self._finish_steps()
-        self._catch_up()
         for p in self._positions():
             try:
                 self._steps[p] = self.cluster.channel(p).start(m.Step().header(), [])
@@ -509,7 +506,6 @@ class Client:
         closed = set()  # (position, identity) of the nodes that closed their window
         while True:
             busy = []
-            self._catch_up()
             for p in self._positions():
                 key = (p, self._sources.get(p))
                 reply = self._try(p, m.Sync(close=close and key not in closed).header())
@@ -532,9 +528,9 @@ class Client:
         positions whose nodes are asked to leave (`draining`)."""
         nodes = []
         for p in range(self.nodes):
-            self._catch_up()  # a reply may have shown a newer map
+            states = self._catch_up()  # a reply may have shown a newer map
             try:
-                if self._state(p) == "dead":
+                if states[p] == "dead":
                     raise NodeDown(f"node {p} is dead")
                 node = self._call(p, m.Status().header(), [])[0]["status"]
                 node["health"] = "up"
@@ -611,11 +607,9 @@ class Client:
         deadline = clock.monotonic() + timeout
         while True:
             self.cluster.refresh()  # a spare may have been added since this client last read the map
-            self._catch_up()
-            self._check_recoverable()
+            self._check_recoverable(self._catch_up())
             left = {p: self._rebuild_left(p) for p in range(self.nodes) if self.cluster.state(p) != "dead"}
-            self._catch_up()  # a node that died meanwhile was failed over
-            states = [self._state(p) for p in range(self.nodes)]
+            states = self._catch_up()  # a node that died meanwhile was failed over
             if len(left) == self.nodes and not any(left.values()) and all(s == "up" for s in states):
                 return
             dead = [p for p, s in enumerate(states) if s == "dead"]
@@ -632,9 +626,9 @@ class Client:
             else:
                 clock.sleep(0.01)  # rebuilders work, a spare is on its way, the map catches up
 
-    def _check_recoverable(self) -> None:
-        """Raise `Unavailable` naming every table's stripes that lost more than r slots."""
-        dead = [p for p in range(self.nodes) if self._state(p) == "dead"]
+    def _check_recoverable(self, states) -> None:
+        """Raise `Unavailable` naming every table's stripes that lost more than r slots (`states`: `_catch_up`'s)."""
+        dead = np.flatnonzero(states == "dead").tolist()
         if len(dead) <= self.config.r:
             return
         lost = {}
@@ -670,19 +664,24 @@ class Client:
             if bounds[p] < bounds[p + 1]:
                 yield p, order[bounds[p]:bounds[p + 1]]
 
-    def _catch_up(self) -> None:
-        """Fail over every position whose node changed since this client last looked (until none did:
-        a failover's own requests may show a newer map)."""
+    def _catch_up(self) -> np.ndarray:
+        """Fail over every position whose node changed since this client last looked (until none did: a
+        failover's own requests may show a newer map, and a node whose process is found gone on the way is
+        declared dead); every position's state then, "up", "rebuilding" or "dead", to plan a request from."""
         while True:  # one at a time: failing one over may fail over others
             moved = [p for p in range(self.nodes)
                      if self.cluster.source(p) != self._sources.get(p) and p not in self.cluster.taking]
-            if not moved:
-                return
-            self._failover(moved[0])
+            if moved:
+                self._failover(moved[0])
+                continue
+            try:
+                return self._states()
+            except _Moved:
+                continue  # it moved since the look above
 
-    def _positions(self):
-        """The positions not dead, as this client knows them (`_Moved` for one not failed over yet)."""
-        return [p for p in range(self.nodes) if self._state(p) != "dead"]
+    def _positions(self) -> list[int]:
+        """The positions not dead, once every one that moved was failed over (`_catch_up`)."""
+        return np.flatnonzero(self._catch_up() != "dead").tolist()
 
     def _state(self, p):
         """Position p's state: "up", "rebuilding" or "dead"; `_Moved` if its node changed since this
@@ -698,9 +697,6 @@ class Client:
     def _states(self) -> np.ndarray:
         """Every position's state: "up", "rebuilding" or "dead"."""
         return np.array([self._state(p) for p in range(self.nodes)])
-
-    def _usable(self) -> np.ndarray:
-        return self._states() == "up"
 
     def _try(self, p, header):
         try:

@@ -32,14 +32,16 @@ class Repair:
         self._next_seq.pop(position, None)
 
     # -- reading whole stripes -------------------------------------------
-    def _slots(self, table: str, stripes: np.ndarray):
-        """(slot nodes, known-zero slots, slots on live nodes) of stripes."""
+    def _slots(self, table: str, stripes: np.ndarray, states=None):
+        """(slot nodes, known-zero slots, slots on live nodes) of stripes (with every position's `states`, or
+        the client's now)."""
         spec, layout = self.client._table(table)
         k, slots = layout.k, np.arange(layout.width)
         nodes = layout.slot_node(stripes[:, None], slots)
         virtual = np.zeros(nodes.shape, dtype=bool)
         virtual[:, :k] = stripes[:, None] * k + slots[:k] >= spec.num_rows  # past the last row: zeros
-        return nodes, virtual, (self.client._states() != "dead")[nodes] | virtual
+        states = self.client._states() if states is None else states
+        return nodes, virtual, (states != "dead")[nodes] | virtual
 
     def _short(self, table, stripes, have) -> None:
         short = have.sum(axis=1) < self.client._table(table)[1].k
@@ -47,10 +49,10 @@ class Repair:
             raise Unavailable(f"table {table!r}: stripe {stripes[short][0]} lost more than r="
                               f"{self.client._table(table)[1].r} slots")
 
-    def check(self, table: str, ids: np.ndarray) -> None:
-        """Raise Unavailable unless every row of `ids` can be decoded."""
+    def check(self, table: str, ids: np.ndarray, states: np.ndarray) -> None:
+        """Raise Unavailable unless every row of `ids` can be decoded, with every position's `states`."""
         stripes = np.unique(self.client._table(table)[1].stripe(ids))
-        self._short(table, stripes, self._slots(table, stripes)[2])
+        self._short(table, stripes, self._slots(table, stripes, states)[2])
 
     def recover(self, table: str, stripes: np.ndarray, skip: int | None = None) -> tuple:
         """Every slot (data records and parity, as bytes) of `stripes`, [n, k + r, record bytes], decoded
