@@ -80,6 +80,25 @@ def test_gf_kernel_matches_scalar_multiply(c, raw):
     np.testing.assert_array_equal(gf256.scale(c, src), expect ^ np.arange(src.size, dtype=np.uint8))
 
 
+@given(st.integers(1, 8), st.integers(1, 4), st.integers(0, 40), st.data())
+def test_delta_terms_scale_each_row_by_its_own_coefficient(k, r, n, data):
+    code = get_code("rs", k, r)
+    j = np.array(data.draw(st.lists(st.integers(0, r - 1), min_size=n, max_size=n)), dtype=np.int64)
+    i = np.array(data.draw(st.lists(st.integers(0, k - 1), min_size=n, max_size=n)), dtype=np.int64)
+    delta = blocks(1, n, 9, seed=data.draw(st.integers(0, 999)))[0]
+    expect = np.array([[gf256.mul(code.coefficient(int(a), int(b)), int(x)) for x in row]
+                       for a, b, row in zip(j, i, delta)], dtype=np.uint8).reshape(n, 9)
+    np.testing.assert_array_equal(code.delta_terms(j, i, delta), expect)
+
+
+def test_gf_kernel_scales_in_place():
+    src = np.random.default_rng(2).integers(0, 256, (3, gf256.CHUNK // 2 + 5), dtype=np.uint8)
+    expect = gf256.scale(0x1D, src)
+    gf256.scale(0x1D, src[1:], out=src[1:])
+    np.testing.assert_array_equal(src[1:], expect[1:])
+    np.testing.assert_array_equal(gf256.scale(1, expect, out=src), expect)
+
+
 def test_gf_kernel_crosses_chunk_boundaries():
     src = np.random.default_rng(1).integers(0, 256, gf256.CHUNK * 2 + 13, dtype=np.uint8)
     dst = np.zeros_like(src)

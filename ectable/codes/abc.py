@@ -68,10 +68,15 @@ class Code(ABC):
     def delta_terms(self, j: np.ndarray, i: np.ndarray, delta: np.ndarray) -> np.ndarray:
         """Row x of the result is coefficient(j[x], i[x]) * delta[x]: what parity row x must XOR in."""
         coef = self.coefficients[j, i]
-        out = np.empty_like(delta)
-        for c in np.unique(coef):
-            rows = coef == c
-            out[rows] = gf256.scale(int(c), delta[rows])
+        if not coef.size:
+            return delta.copy()
+        order = np.argsort(coef, kind="stable")  # the rows of each coefficient together: one pass each
+        ranked, grouped = coef[order], delta[order]
+        cuts = (np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist()
+        for start, end in zip([0, *cuts], [*cuts, ranked.size]):
+            gf256.scale(int(ranked[start]), grouped[start:end], out=grouped[start:end])
+        out = np.empty_like(grouped)
+        out[order] = grouped
         return out
 
     def get_config(self) -> dict:

@@ -52,12 +52,15 @@ def xor_into(dst: np.ndarray, src: np.ndarray) -> None:
         np.bitwise_xor(dst, src, out=dst)
 
 
-def scale(c: int, src: np.ndarray) -> np.ndarray:
-    """c * src as a new uint8 array of src's shape."""
-    if c == 1:
-        return src.copy()
+def scale(c: int, src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """c * src, in `out` (a C-contiguous uint8 array of src's shape, src itself allowed) or a new array."""
     src = np.ascontiguousarray(src)
-    out = np.empty_like(src)
+    if out is None:
+        out = np.empty_like(src)
+    if c == 1:
+        if out is not src:
+            out[...] = src
+        return out
     flat_in, flat_out = memoryview(src.reshape(-1)), out.reshape(-1)
     table = PRODUCT[c]
     for start in range(0, flat_out.size, CHUNK):

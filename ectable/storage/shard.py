@@ -86,8 +86,9 @@ class Shard:
         """Give data rows `local` that are still fresh their initial values."""
         if self.fresh is None:
             return
-        pick = np.unique(local[self.fresh[local]])
-        if pick.size:
+        hit = self.fresh[local]
+        if hit.any():
+            pick = np.unique(local[hit])
             self.records[pick, : self.dim] = self._initial(self.layout.data_ids(self.node, pick))
             self._computed(0, pick)
 
@@ -95,8 +96,9 @@ class Shard:
         """Give parity rows `local` that are still fresh the parity of their stripes' initial data."""
         if self.fresh_parity is None:
             return
-        pick = np.unique(local[self.fresh_parity[local]])
-        if pick.size:
+        hit = self.fresh_parity[local]
+        if hit.any():
+            pick = np.unique(local[hit])
             stripes, js = self.layout.parity_stripes(self.node, pick)
             k = self.layout.k
             coded = self.code.encode([self._initial_records(stripes * k + i).view(np.uint8) for i in range(k)])
