@@ -53,10 +53,13 @@ def xor_into(dst: np.ndarray, src: np.ndarray) -> None:
 
 
 def scale(c: int, src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """c * src, in `out` (a C-contiguous uint8 array of src's shape, src itself allowed) or a new array."""
+    """c * src, in `out` (a C-contiguous uint8 array of src's shape: src's own memory, or memory that does not
+    overlap it) or a new array."""
     src = np.ascontiguousarray(src)
     if out is None:
         out = np.empty_like(src)
+    elif not (out.flags.c_contiguous and out.dtype == np.uint8 and out.shape == src.shape):
+        raise ValueError(f"scale needs a C-contiguous uint8 `out` of shape {src.shape}")
     if c == 1:
         if out is not src:
             out[...] = src
