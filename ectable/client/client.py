@@ -141,12 +141,12 @@ class Client:
         table; its writes are never replayed, and a dead node's replacement never gets it."""
         if not isinstance(name, str) or not self.cluster.drop_table(name):
             raise InvalidRequest(f"no table {name!r} to drop (or another client drops it now)")
-        self._to_every_node(m.DropTable(table=name).header())
-        self._tables.pop(name, None)
-        for log in [*self._log, *self.cluster.replays.values()]:  # its writes are never replayed
-            kept = [entry for entry in log if entry.drop(name)]
+        for log in [*self._log, *self.cluster.replays.values()]:  # its writes are never replayed, not even by a
+            kept = [entry for entry in log if entry.drop(name)]  # failover while the nodes drop it
             log.clear()
             log.extend(kept)
+        self._to_every_node(m.DropTable(table=name).header())
+        self._tables.pop(name, None)
         self.cluster.table_dropped(name)
 
     def _to_every_node(self, header: dict) -> None:

@@ -11,17 +11,34 @@ from .world import World
 
 
 class SimCluster(StoredMap, ClusterMap):
-    """The map in the simulation's store, read by actor `owner` (a client process, or a rebuilder)."""
+    """The map in the simulation's store, read by actor `owner` (a client process, or a rebuilder). With
+    `sees_exits`, the owner started the node processes, as a `LocalCluster` does: it sees a node's process
+    gone at once, and reading a position's state then declares it dead (so a state getter waits)."""
 
     rebuilds_itself = True  # rebuilding nodes run their own rebuilders
 
-    def __init__(self, world: World, network: Network, store: ClusterStore, owner: str):
-        self.world, self.network, self.owner = world, network, owner
+    def __init__(self, world: World, network: Network, store: ClusterStore, owner: str, sees_exits: bool = False):
+        self.world, self.network, self.owner, self.sees_exits = world, network, owner, sees_exits
         self._attach(store)
         ClusterMap.__init__(self, ClusterConfig(**self._map.config))
 
     def _open_channel(self, endpoint: str) -> SimChannel:
         return SimChannel(self.network, self.owner, endpoint, lambda: self._live(endpoint))
+
+    def _exited(self, endpoint: str) -> bool:
+        return self.sees_exits and endpoint in self.world.killed  # SIGKILLed, or exited once drained
+
+    def _live(self, endpoint: str) -> bool:
+        return not self._exited(endpoint) and super()._live(endpoint)
+
+    def state(self, p: int) -> str:
+        if self._map.states[p] != "dead" and self._exited(self._map.endpoints[p]):
+            self.mark_dead(p)
+        return super().state(p)
+
+    def _evidence(self, p: int) -> None:
+        if self._exited(self._map.endpoints[p]):
+            self.store.withdraw(self._map.endpoints[p])
 
     def _answers(self, p: int) -> bool:
         try:

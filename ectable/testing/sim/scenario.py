@@ -5,7 +5,8 @@ The seed decides the cluster's shape (code, k, r, nodes, spares, window and rebu
 network's faults (loss, duplicates, delays that reorder), the client's requests, and the chaos:
 SIGKILLs of nodes at any message (never more than r positions unprotected at once), kills of
 deciders (a new one starts later), partitions of a node from everything, late spares, and (one seed in
-three) drains of nodes by an operator.
+three) drains of nodes by an operator. Two seeds in seven run the client as a `LocalCluster` does, as
+the parent of the node processes: it sees a node exit at once (`SimCluster.sees_exits`).
 Invariants (SPEC 4.1 and 4.2): every read equals the model; after every `flush()` the parity is
 exact (against zfec for rs); the client never fails while at most r positions are unprotected;
 no node meets an internal error; at the end, once healed and recovered, every record (weights and
@@ -164,6 +165,7 @@ class Simulation:
                                     rebuild_batch=rng.choice([8, 64, 1 << 15]),
                                     rebuild_share=rng.choice([0.5, 1.0]))
         self.spares = rng.choice([0, 1, 2, 2])
+        self.sees_exits = seed % 7 in (3, 4)  # (not drawn from the rng: the other seeds run as they did)
         self.faults = Faults(drop=rng.choice([0.0, 0.0, 0.002, 0.01]), duplicate=rng.choice([0.0, 0.02, 0.1]),
                              spike=rng.choice([0.0, 0.01, 0.05]), kill_at_message=rng.choice([0.0, 0.002, 0.01]))
         self.network = Network(world, self.faults)
@@ -176,10 +178,11 @@ class Simulation:
     def shape(self) -> str:
         c = self.config
         return (f"{c.code}({c.k},{c.r}) on {c.nodes} nodes + {self.spares} spares, window_rows={c.window_rows}, "
-                f"window_seconds={c.window_seconds}, rebuild_batch={c.rebuild_batch}; {self.faults}")
+                f"window_seconds={c.window_seconds}, rebuild_batch={c.rebuild_batch}; {self.faults}"
+                + ("; the client sees node exits" if self.sees_exits else ""))
 
     def cluster_for(self, owner: str) -> SimCluster:
-        return SimCluster(self.world, self.network, self.store, owner)
+        return SimCluster(self.world, self.network, self.store, owner, self.sees_exits and owner == "client")
 
     def add_spare(self) -> SimNodeHost:
         endpoint = f"sim://node-{len(self.hosts)}"
