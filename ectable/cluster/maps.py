@@ -302,6 +302,28 @@ class StoredMap:
 
 
 
+class SeesExits:
+    """For a map object whose owner started the node processes and so knows at once when one exits
+    (`_exited`): reading a position's state declares its gone node dead (the read may then wait), its
+    presence is withdrawn without waiting for its lease, and no request waits on it. Mixed in before a
+    `StoredMap`."""
+
+    def _exited(self, endpoint: str) -> bool:
+        raise NotImplementedError
+
+    def _live(self, endpoint: str) -> bool:
+        return not self._exited(endpoint) and super()._live(endpoint)
+
+    def state(self, p: int) -> str:
+        if self._map.states[p] != "dead" and self._exited(self._map.endpoints[p]):
+            self.mark_dead(p)
+        return super().state(p)
+
+    def _evidence(self, p: int) -> None:
+        if self._exited(self._map.endpoints[p]):
+            self.store.withdraw(self._map.endpoints[p])
+
+
 class ZmqStoredMap(StoredMap):
     """A stored map whose nodes are reached over ZeroMQ (node processes, here or elsewhere)."""
 

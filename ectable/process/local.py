@@ -19,7 +19,7 @@ from ..client import Client
 from ..cluster import plans
 from ..cluster.decider import Decider
 from ..cluster.map import Map
-from ..cluster.maps import WRITER_TTL, ClusterMap, StoredMap, ZmqStoredMap
+from ..cluster.maps import WRITER_TTL, ClusterMap, SeesExits, StoredMap, ZmqStoredMap
 from ..cluster.store import ClusterStore, open_store
 from ..config import ClusterConfig
 from ..errors import Error, NodeDown
@@ -289,7 +289,7 @@ class _HostControl:
         return out
 
 
-class ProcessCluster(ZmqStoredMap, LocalCluster):
+class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
     """Node processes and failover deciders on 127.0.0.1, with a one-member etcd for their membership
     unless `etcd` names one (`LocalCluster(..., processes=True)`); everything stopped on exit.
 
@@ -402,20 +402,6 @@ class ProcessCluster(ZmqStoredMap, LocalCluster):
     def _exited(self, endpoint: str) -> bool:
         """This process started it, so it knows at once when it exits."""
         return self._procs[endpoint].poll() is not None
-
-    def _live(self, endpoint: str) -> bool:
-        """Not exited, and not declared dead in the map."""
-        return not self._exited(endpoint) and super()._live(endpoint)
-
-    def state(self, p: int) -> str:
-        if self._map.states[p] != "dead" and self._exited(self._map.endpoints[p]):
-            self.mark_dead(p)
-        return super().state(p)
-
-    def _evidence(self, p: int) -> None:
-        """The process at p is gone (this cluster is its parent): its presence goes now, not at its lease's end."""
-        if self._exited(self._map.endpoints[p]):
-            self.store.withdraw(self._map.endpoints[p])
 
     def describe(self) -> dict:
         """The cluster's TOML contents for `ectable.connect` (no control token)."""

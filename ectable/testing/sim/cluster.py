@@ -1,7 +1,7 @@
 """A simulated cluster as its clients see it: the production `StoredMap` over the simulated network."""
 from __future__ import annotations
 
-from ...cluster.maps import WRITER_TTL, ClusterMap, StoredMap, WriterFence, writer_patience
+from ...cluster.maps import WRITER_TTL, ClusterMap, SeesExits, StoredMap, WriterFence, writer_patience
 from ...cluster.store import ClusterStore
 from ...config import ClusterConfig
 from ...errors import Error
@@ -10,7 +10,7 @@ from .network import Network, SimChannel
 from .world import World
 
 
-class SimCluster(StoredMap, ClusterMap):
+class SimCluster(SeesExits, StoredMap, ClusterMap):
     """The map in the simulation's store, read by actor `owner` (a client process, or a rebuilder). With
     `sees_exits`, the owner started the node processes, as a `LocalCluster` does: it sees a node's process
     gone at once, and reading a position's state then declares it dead (so a state getter waits)."""
@@ -27,18 +27,6 @@ class SimCluster(StoredMap, ClusterMap):
 
     def _exited(self, endpoint: str) -> bool:
         return self.sees_exits and endpoint in self.world.killed  # SIGKILLed, or exited once drained
-
-    def _live(self, endpoint: str) -> bool:
-        return not self._exited(endpoint) and super()._live(endpoint)
-
-    def state(self, p: int) -> str:
-        if self._map.states[p] != "dead" and self._exited(self._map.endpoints[p]):
-            self.mark_dead(p)
-        return super().state(p)
-
-    def _evidence(self, p: int) -> None:
-        if self._exited(self._map.endpoints[p]):
-            self.store.withdraw(self._map.endpoints[p])
 
     def _answers(self, p: int) -> bool:
         try:
