@@ -97,6 +97,9 @@ def test_gf_kernel_scales_in_place():
     gf256.scale(0x1D, src[1:], out=src[1:])
     np.testing.assert_array_equal(src[1:], expect[1:])
     np.testing.assert_array_equal(gf256.scale(1, expect, out=src), expect)
+    for bad in (np.zeros((src.shape[1], 3), dtype=np.uint8).T, np.zeros(src.shape, dtype=np.int16)):
+        with pytest.raises(ValueError):  # an `out` it could not write in place is refused, not left unwritten
+            gf256.scale(0x1D, src, out=bad)
 
 
 def test_gf_kernel_crosses_chunk_boundaries():
