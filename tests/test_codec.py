@@ -78,3 +78,16 @@ def test_small_arrays_share_one_frame_and_large_ones_travel_alone():
 def test_bad_shared_frame_descriptors_are_malformed(desc, frames):
     with pytest.raises(codec.Malformed):
         codec.decode([msgpack.packb({"arrays": [desc]}), *frames])
+
+
+def test_any_byte_order_or_memory_layout_crosses_as_little_endian_c_order():
+    sent = [np.arange(5, dtype=">f4"), np.arange(12, dtype=">i8").reshape(3, 4), np.asfortranarray(np.ones((3, 2))),
+            np.arange(10, dtype=np.uint8)[::3], [1, 2, 3]]
+    frames = codec.encode({}, sent)
+    _, got = codec.decode([bytes(f) for f in frames])
+    for a, b in zip(sent, got):
+        assert b.dtype.byteorder in "=|<" and b.flags.c_contiguous and np.array_equal(np.asarray(a), b)
+    shared = bytes(frames[1])
+    ends = [d[2] + b.nbytes for d, b in zip(msgpack.unpackb(frames[0])["arrays"], got)]
+    starts = [d[2] for d in msgpack.unpackb(frames[0])["arrays"]][1:] + [len(shared)]
+    assert all(set(shared[end:start]) <= {0} for end, start in zip(ends, starts))  # the alignment padding is zeros

@@ -19,6 +19,7 @@ MAX_HEADER = 1 << 20
 MAX_DIMS = 4
 PACK_BELOW = 1 << 16
 ALIGN = 8
+_ZEROS = bytes(ALIGN)
 
 
 class Malformed(ValueError):
@@ -29,26 +30,34 @@ def encode(header: dict, arrays) -> list:
     """Frames of a message: the packed header, the small arrays' shared frame, then each large array's buffer."""
     descs, small, large, at = [], [], [], 0
     for arr in arrays:
-        arr = np.asarray(arr)
-        code = _CODES.get(arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype)
+        if type(arr) is not np.ndarray or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        code = _CODES.get(arr.dtype)
         if code is None:
-            raise TypeError(f"cannot send arrays of dtype {arr.dtype}")
-        arr = np.require(arr, dtype=DTYPES[code], requirements="C")
-        if arr.nbytes < PACK_BELOW:
+            arr, code = _wire_dtype(arr)
+        nbytes = arr.nbytes
+        if nbytes < PACK_BELOW:
             descs.append([code, list(arr.shape), at])
-            small.append((at, arr))
-            at += -(-arr.nbytes // ALIGN) * ALIGN
+            small.append(arr.reshape(-1).view(np.uint8))
+            padded = -(-nbytes // ALIGN) * ALIGN
+            if padded != nbytes:
+                small.append(_ZEROS[: padded - nbytes])
+            at += padded
         else:
             descs.append([code, list(arr.shape)])
             large.append(memoryview(arr).cast("B"))
     frames = [msgpack.packb({**header, "arrays": descs}, use_bin_type=True)]
     if small:
-        pack = np.empty(at, dtype=np.uint8)
-        for (offset, arr), end in zip(small, [offset for offset, _ in small[1:]] + [at]):
-            pack[offset:offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
-            pack[offset + arr.nbytes:end] = 0  # the alignment padding
-        frames.append(memoryview(pack))
+        frames.append(b"".join(small))  # one copy of them all, with the alignment padding
     return frames + large
+
+
+def _wire_dtype(arr: np.ndarray) -> tuple[np.ndarray, str]:
+    """`arr` in the little-endian dtype it crosses as, and that dtype's code; TypeError if none."""
+    code = _CODES.get(arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype)
+    if code is None:
+        raise TypeError(f"cannot send arrays of dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=DTYPES[code]), code
 
 
 def _descriptor(desc) -> tuple[np.dtype, tuple, int | None]:
