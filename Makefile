@@ -39,7 +39,7 @@ $(VENV)/.bench-installed: $(STAMP) setup.cfg
 	touch $@
 
 test: $(STAMP)
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q -n $${TEST_WORKERS:-2} --dist loadfile --no-loadscope-reorder
 
 # make sim SEEDS=N: N seeds of the deterministic simulation for each code (make test runs 250 each)
 SEEDS ?= 1000

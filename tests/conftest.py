@@ -13,6 +13,15 @@ settings.register_profile("thorough", max_examples=1000, stateful_step_count=80,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
+# the longest files first: `make test` runs the files on two workers (pytest-xdist, a file at a time), and a long one
+# taken last would leave the other worker idle meanwhile
+FIRST = ("test_sim.py", "test_statemachine.py", "test_processes.py", "test_netns.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: n for n, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
+
 
 def _etcd():
     from ectable.membership import EtcdServer
