@@ -87,7 +87,6 @@ def test_any_byte_order_or_memory_layout_crosses_as_little_endian_c_order():
     _, got = codec.decode([bytes(f) for f in frames])
     for a, b in zip(sent, got):
         assert b.dtype.byteorder in "=|<" and b.flags.c_contiguous and np.array_equal(np.asarray(a), b)
-    shared = bytes(frames[1])
-    ends = [d[2] + b.nbytes for d, b in zip(msgpack.unpackb(frames[0])["arrays"], got)]
-    starts = [d[2] for d in msgpack.unpackb(frames[0])["arrays"]][1:] + [len(shared)]
-    assert all(set(shared[end:start]) <= {0} for end, start in zip(ends, starts))  # the alignment padding is zeros
+    shared, offsets = bytes(frames[1]), [d[2] for d in msgpack.unpackb(frames[0])["arrays"]]
+    ends = [offset + b.nbytes for offset, b in zip(offsets, got)]
+    assert all(set(shared[end:start]) <= {0} for end, start in zip(ends, offsets[1:] + [len(shared)]))  # padding: zeros
