@@ -123,9 +123,18 @@ class Writer:
         if start:
             self.start()
 
+    @classmethod
+    def finished(cls, progress: dict) -> "Writer":
+        """A writer that is done, as `progress()` described it (another node's, handed over)."""
+        writer = cls(int(progress["number"]), "", "", [], None, False, start=False)
+        writer.rows, writer.written, writer.bytes = int(progress["rows"]), int(progress["written"]), int(progress["bytes"])
+        writer.error, writer.seconds, writer.done = progress["error"], progress["seconds"], True
+        writer.pieces = list(progress.get("pieces", ()))
+        return writer
+
     def start(self) -> None:
         """Begin writing (once)."""
-        if self._thread.ident is None:
+        if self._thread.ident is None and not self.done:
             self._thread.start()
 
     def _run(self) -> None:

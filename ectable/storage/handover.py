@@ -1,0 +1,155 @@
+"""A node's whole state as one message, so that another process can take over its identity.
+
+A drained node hands its position to a spare without a failure: it is frozen (it takes no more
+writes or deltas), its window is closed and every delta it sent is acknowledged, and then
+`export(node)` gives everything the node holds — rows, parity rows, degraded-write counts,
+checkpoint flags, what it applied of every peer and client, the deltas it keeps for rollbacks —
+as a small msgpack-able header and a list of arrays. `restore(state, arrays, config)` builds the
+node that continues it: same identity, same sequence numbers, so peers and clients carry on as
+if nothing moved (see `NodeHost` and the decider's drain). Times travel as ages: the two
+processes' clocks have nothing in common.
+
+`ready(node)` says why a node cannot be exported now (None: it can): only a node with nothing in
+flight moves, so nothing in flight has to.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..config import ClusterConfig
+from ..errors import InvalidRequest
+from .node import Node
+from .snapshots import Writer
+from .table import TableSpec
+
+VERSION = 1
+
+
+def ready(node: Node) -> str | None:
+    """Why `node` cannot be exported now, or None. Its window must be closed and acknowledged, nothing
+    received left unfolded, no rebuild, replay or checkpoint writing under way."""
+    if node.rebuilding:
+        return "it is rebuilding"
+    if node.write_seq != node.closed_upto or any(len(s.window) for s in node.shards.values()):
+        return "its window is open"
+    if node.unacked or node.outbox or node.windows:
+        return f"{len(node.unacked) + len(node.outbox)} of its deltas wait for an acknowledgement"
+    if node.replay_from is not None or node.replay_buffer:
+        return "it waits for writers' replays"
+    if node.writer is not None and not node.writer.done:
+        return "it is writing a checkpoint"
+    if any(s.frozen for s in node.shards.values()):
+        return "it is copying rows for a checkpoint"
+    return None
+
+
+def export(node: Node) -> tuple[dict, list]:
+    """(header, arrays) of everything `node` holds; `ready(node)` must be None."""
+    why = ready(node)
+    if why is not None:
+        raise InvalidRequest(f"node {node.position} cannot hand over: {why}")
+    node.apply_queued()
+    now, arrays = node.clock(), []
+
+    def put(a: np.ndarray) -> int:
+        arrays.append(np.ascontiguousarray(a))
+        return len(arrays) - 1
+
+    def maybe(flags):
+        return None if flags is None else put(flags.view(np.uint8))  # bools travel as bytes
+
+    shards = []
+    for name, s in node.shards.items():
+        shards.append({"spec": s.spec.get_config(), "records": put(s.records), "parity": put(s.parity),
+                       "versions": put(s.versions), "flags": put(s.window.dirty), "marks": s.marks,
+                       "fresh": maybe(s.fresh), "fresh_parity": maybe(s.fresh_parity), "left": list(s._fresh_left)})
+    retained = {source: [[w, now - arrival, rows, [[table, put(ids), put(delta), *map(put, slots)]
+                                                   for table, ids, delta, slots in parts]]
+                         for w, arrival, parts, rows in log]
+                for source, log in node.retained.windows.items()}
+    state = {
+        "version": VERSION, "position": node.position, "source": node.source, "generation": node.generation,
+        "shards": shards, "dropped": sorted(node.dropped),
+        "write_seq": node.write_seq, "closed_windows": node.closed_windows, "durable_window": node.durable_window,
+        "next_seq": [[t, s] for t, s in node._next_seq.items()],
+        "applied": node.applied, "fenced": sorted(node.fenced), "skipped_from": node.skipped_from,
+        "promised": {s: until - now for s, until in node.promised.items()}, "rejected": node.rejected,
+        "client_marks": node.client_marks, "closed_marks": node.closed_marks,
+        "client_writes": {c: list(v) for c, v in node.client_writes.items()},
+        "applied_clients": node.applied_clients,
+        "retained": {"base": node.retained.base, "level": node.retained.level, "windows": retained},
+        "replayed": sorted(node.replayed),
+        "replay_seqs": {w: [[n, s] for n, s in seqs.items()] for w, seqs in node.replay_seqs.items()},
+        "writer_seen": {w: now - t for w, t in node.writer_seen.items()},
+        "gone": [[w, now - t] for w, t in node.gone.items()],
+        "writer": node.writer.progress() if node.writer is not None else None,
+    }
+    return state, arrays
+
+
+def restore(state: dict, arrays: list, config: ClusterConfig, clock=None) -> Node:
+    """The node `export` described, on this process: the same identity at the same position."""
+    if not isinstance(state, dict) or state.get("version") != VERSION:
+        raise InvalidRequest(f"handover state must be version {VERSION}")
+    try:
+        return _restore(state, arrays, config, clock)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise InvalidRequest(f"bad handover state: {type(exc).__name__}: {exc}") from None
+
+
+def _restore(state: dict, arrays: list, config: ClusterConfig, clock) -> Node:
+    node = Node(state["position"], config, clock=clock)
+    now = node.clock()
+
+    def get(i, like: np.ndarray | None = None) -> np.ndarray:
+        a = arrays[i]
+        if like is not None and (a.dtype != like.dtype or a.shape != like.shape):
+            raise ValueError(f"array {i} is {a.dtype}{a.shape}, expected {like.dtype}{like.shape}")
+        return a
+
+    for entry in state["shards"]:
+        node.op_create_table(_Spec(entry["spec"]), [])
+        s = node.shards[TableSpec.from_config(entry["spec"]).name]
+        s.records[:] = get(entry["records"], s.records)
+        s.parity[:] = get(entry["parity"], s.parity)
+        s.versions[:] = get(entry["versions"], s.versions)
+        s.window.dirty[:] = get(entry["flags"], s.window.dirty)
+        s.marks = dict(entry["marks"])
+        s.fresh = None if entry["fresh"] is None else get(entry["fresh"]) != 0
+        s.fresh_parity = None if entry["fresh_parity"] is None else get(entry["fresh_parity"]) != 0
+        s._fresh_left = [int(x) for x in entry["left"]]
+    node.source, node.generation = state["source"], int(state["generation"])
+    node.dropped = set(state["dropped"])
+    node.write_seq = node.closed_upto = node.durable_seq = int(state["write_seq"])
+    node.closed_windows = node.durable_window = int(state["closed_windows"])
+    node._next_seq = {int(t): int(s) for t, s in state["next_seq"]}
+    node.applied, node.fenced = dict(state["applied"]), set(state["fenced"])
+    node.skipped_from = dict(state["skipped_from"])
+    node.promised = {s: now + left for s, left in state["promised"].items()}
+    node.rejected = int(state["rejected"])
+    node.client_marks, node.closed_marks = dict(state["client_marks"]), dict(state["closed_marks"])
+    node.client_writes = {c: (int(a), int(b)) for c, (a, b) in state["client_writes"].items()}
+    node.applied_clients = {s: dict(m) for s, m in state["applied_clients"].items()}
+    retained = state["retained"]
+    node.retained.base, node.retained.level = retained["base"], dict(retained["level"])
+    node.retained.windows = {
+        source: deque((w, now - age, [(table, get(ids), get(delta), (get(j), get(local), get(pos)))
+                                      for table, ids, delta, j, local, pos in parts], rows)
+                      for w, age, rows, parts in log)
+        for source, log in retained["windows"].items()}
+    node.replayed = set(state["replayed"])
+    node.replay_seqs = {w: {int(n): s for n, s in seqs} for w, seqs in state["replay_seqs"].items()}
+    node.writer_seen = {w: now - age for w, age in state["writer_seen"].items()}
+    node.gone = {w: now - age for w, age in state["gone"]}
+    if state["writer"] is not None:
+        node.writer = Writer.finished(state["writer"])
+    return node
+
+
+class _Spec:
+    """What `Node.op_create_table` reads of a request."""
+
+    def __init__(self, spec: dict):
+        self.spec = spec

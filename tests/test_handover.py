@@ -1,0 +1,136 @@
+"""A node's state handed over (`storage.handover`): the node rebuilt from it on another process is the same node —
+every field of it, through the wire codec — and answers what comes next exactly as the original does."""
+from collections import deque
+
+import numpy as np
+import pytest
+
+import ectable
+from ectable.errors import InvalidRequest
+from ectable.protocol import messages
+from ectable.storage import handover
+from ectable.storage.node import Node
+from ectable.storage.shard import Shard
+from ectable.transport import codec
+
+pytestmark = pytest.mark.timeout(120)
+
+NOT_STATE = {"clock", "config", "code", "spec", "layout", "optimizer", "_order", "_local", "_delta", "sources"}
+TIMES = {"window_opened", "rebuild_since", "writer_seen", "gone", "promised"}  # travel as ages: equal within a second
+
+
+def same(a, b, path="node") -> None:
+    """Assert `a` and `b` hold the same state, field by field (objects by their attributes)."""
+    if isinstance(a, (Node, Shard)) or type(a).__module__.startswith("ectable.storage"):
+        assert type(a) is type(b), path
+        for name in vars(a).keys() | vars(b).keys():
+            if name in NOT_STATE or name.startswith("_thread") or name == "_began":
+                continue
+            va, vb = getattr(a, name, "<missing>"), getattr(b, name, "<missing>")
+            if name == "writer" and va is not None:  # a finished checkpoint's writer: what clients ask of it
+                va, vb = va.progress(), vb.progress()
+            if name in TIMES:
+                if isinstance(va, dict):
+                    assert va.keys() == vb.keys(), f"{path}.{name}"
+                    assert all(abs(va[k] - vb[k]) < 1.0 for k in va), f"{path}.{name}"
+                continue
+            same(va, vb, f"{path}.{name}")
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), path
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: {a!r} != {b!r}"
+        for k in a:
+            same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple, deque)):
+        assert type(a) is type(b) and len(a) == len(b), f"{path}: {a!r} != {b!r}"
+        for n, (x, y) in enumerate(zip(a, b)):
+            if path.endswith(".windows") or "retained" in path and n == 1 and isinstance(x, float):
+                continue  # arrival times: ages
+            same(x, y, f"{path}[{n}]")
+    elif isinstance(a, float) and path.endswith("]"):
+        assert abs(a - b) < 1.0, path
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def trained_cluster(tmp_path):
+    """An in-process rs cluster after writes, gradients, a dropped table, a checkpoint and windows closed."""
+    cluster = ectable.LocalCluster(nodes=6, code="rs", k=4, r=2, processes=False)
+    client = cluster.connect()
+    rng = np.random.default_rng(7)
+    client.create_table("a", num_rows=5000, dim=8, optimizer="adagrad")
+    client.create_table("b", num_rows=700, dim=4, init="normal")
+    client.create_table("c", num_rows=100, dim=2)
+    client.drop_table("c")
+    for n in range(6):
+        ids = rng.choice(5000, size=300, replace=False)
+        client.apply_gradient_many({"a": (ids, rng.normal(size=(300, 8)).astype(np.float32)),
+                                    "b": (ids[:50] % 700, rng.normal(size=(50, 4)).astype(np.float32))})
+        client.step()
+        if n == 2:
+            client.checkpoint(str(tmp_path / "ck"), policy="full")
+            client.checkpoint_wait(timeout=60)
+    client.flush()
+    return cluster, client
+
+
+def wire(state, arrays):
+    """Through the codec, as a node process would send it."""
+    frames = codec.encode(state, arrays)
+    return codec.decode([bytes(f) for f in frames])
+
+
+def test_a_handed_over_node_is_the_same_node_and_answers_the_same(tmp_path):
+    cluster, client = trained_cluster(tmp_path)
+    with cluster, client:
+        for p in range(6):
+            node = cluster.node(p)
+            assert handover.ready(node) is None
+            copy = handover.restore(*wire(*handover.export(node)), node.config)
+            same(node, copy)
+        node, copy = cluster.node(1), handover.restore(*handover.export(cluster.node(1)), cluster.node(1).config)
+        # what comes next: a write (new, then retried), a read, a window closed into deltas
+        ids = np.arange(5000, dtype=np.int64)
+        ids = ids[node.shards["a"].layout.data_node(ids) == 1][::97]
+        header = messages.Write(parts=[["a", "apply_gradient"]], cid="w/1", cseq=10**6).header()
+        grads = np.ones((ids.size, 8), dtype=np.float32)
+        for target in (node, copy):
+            assert target.handle(header, [ids, grads])[0]["seq"] == node.write_seq
+            assert target.handle(header, [ids, grads])[0]["duplicate"]
+            target.close_window()
+        assert node.handle(messages.Get(table="a").header(), [ids])[1][0].tobytes() == \
+            copy.handle(messages.Get(table="a").header(), [ids])[1][0].tobytes()
+        sent, resent = node.take_outbox(), copy.take_outbox()
+        assert [(t, h) for t, h, _ in sent] == [(t, h) for t, h, _ in resent]
+        assert all(np.array_equal(x, y) for (_, _, xs), (_, _, ys) in zip(sent, resent) for x, y in zip(xs, ys))
+
+
+def test_only_a_quiet_node_hands_over(tmp_path):
+    cluster, client = trained_cluster(tmp_path)
+    with cluster, client:
+        ids = np.arange(0, 5000, 7, dtype=np.int64)
+        client.apply_gradient("a", ids, np.ones((ids.size, 8), dtype=np.float32))  # a window left open
+        node = cluster.node(0)
+        assert "window is open" in handover.ready(node)
+        with pytest.raises(InvalidRequest, match="cannot hand over"):
+            handover.export(node)
+        node.close_window()
+        assert "acknowledgement" in handover.ready(node)
+
+
+@pytest.mark.parametrize("damage", ["version", "shape", "missing", "index"])
+def test_a_bad_state_is_refused(tmp_path, damage):
+    cluster, client = trained_cluster(tmp_path)
+    with cluster, client:
+        node = cluster.node(2)
+        state, arrays = handover.export(node)
+        if damage == "version":
+            state["version"] = 99
+        elif damage == "shape":
+            arrays[state["shards"][0]["records"]] = np.zeros((3, 3), dtype=np.float32)
+        elif damage == "missing":
+            del state["applied"]
+        else:
+            arrays = arrays[:2]
+        with pytest.raises(InvalidRequest):
+            handover.restore(state, arrays, node.config)
