@@ -34,5 +34,9 @@ class Replaced(Error):
     """A degraded write met a parity holder that knows the dead position has a replacement (write to it)."""
 
 
+class HandingOver(Error):
+    """The node hands its position over to another (a drain): the map moves it within seconds (retry)."""
+
+
 class Replaying(Error):
     """A replacement node holds client requests until every writer replayed into it (retry shortly)."""

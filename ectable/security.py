@@ -6,7 +6,8 @@ server's public key (nodes: its secret too), the process's own pair (`public`, `
 the public keys of every role (`nodes`, `deciders`, `clients`). A node admits a connection only
 from a listed key, and then, per operation:
 
-- `map`, `invalidate`, `rollback` and a fencing `applied`: only from a decider's key;
+- `map`, `invalidate`, `rollback`, a fencing `applied` and a drain's handover (`freeze`,
+  `hand_over`, `take_over`): only from a decider's key;
 - a parity `delta` of a node's window: only from the key the current map gives the live node
   whose identity the delta names (a node announces its key with its presence; deciders copy it
   into the map), so a dead node, a spare, another node, a client or a decider cannot fold
@@ -20,7 +21,7 @@ Without keys (loopback only, see `ectable node`) every local process may send an
 from __future__ import annotations
 
 ROLES = ("node", "decider", "client")
-DECIDER_OPS = frozenset({"map", "invalidate", "rollback"})
+DECIDER_OPS = frozenset({"map", "invalidate", "rollback", "freeze", "hand_over", "take_over"})
 CLIENT_OPS = frozenset({"snapshot"})
 FIELDS = ("server_public", "public", "secret", "nodes", "deciders", "clients")
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import clock
 from ..config import DEADLINE
-from ..errors import Error, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable
+from ..errors import Error, HandingOver, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable
 from .checkpoints import Checkpoints, Restored, export
 from .repair import Repair
 from ..protocol import messages as m, validate
@@ -20,6 +20,7 @@ REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
 LAPSED = ("this client's writer lease expired (its process lost the membership store for too long), so nodes "
           "no longer take its writes: connect again (a new client)")
 REPLAY_WAIT = 15.0  # longest a client waits for a replacement to apply every writer's replays
+HANDOVER_WAIT = 30.0  # longest a client waits for a node handing its position over to be moved (or thawed)
 
 
 class _Write:
@@ -275,6 +276,12 @@ class Client:
                 self._lost(exc.position)
             except _Moved as moved:
                 self._failover(moved.position)
+            except HandingOver:  # met by a survivor read (a decode): that node is moved within seconds
+                self.cluster.refresh()
+                replaced_until = replaced_until or clock.monotonic() + HANDOVER_WAIT
+                if clock.monotonic() < replaced_until:
+                    tries -= 1
+                    clock.sleep(0.05)
             except Replaced:  # a holder knows of a replacement, or does not know yet that p's node died
                 self.cluster.refresh()
                 replaced_until = replaced_until or clock.monotonic() + DEADLINE
@@ -423,7 +430,7 @@ class Client:
         for p, request in pending.items():
             try:
                 reply, out = self._check_reply(p, *request.wait(DEADLINE))
-            except (NodeDown, NotRebuilt, Replaying):
+            except (NodeDown, NotRebuilt, Replaying, HandingOver):
                 continue
             done[p] = reply["seq"] if "seq" in reply else out
         return done
@@ -718,9 +725,12 @@ class Client:
             self._finish_steps()
         deadline, pause = None, 0.002
         while True:
+            endpoint = self.cluster.endpoints[p]
             try:
                 reply = self.cluster.channel(p).call(header, arrays, DEADLINE)
             except NodeDown as exc:
+                if self._handed_over(p, endpoint):
+                    continue
                 exc.position = p
                 raise
             try:
@@ -732,6 +742,19 @@ class Client:
                 clock.sleep(pause)
                 pause = min(pause * 2, 0.05)  # a replay takes a round trip; a writer that is away, seconds
                 self._catch_up()  # this client replays into a replacement it sees
+            except HandingOver:  # a drain moves the node: the map gives its identity another endpoint soon
+                deadline = deadline or clock.monotonic() + HANDOVER_WAIT
+                if clock.monotonic() > deadline:
+                    raise Error(f"node {p} was handing its position over for longer than {HANDOVER_WAIT} s") from None
+                clock.sleep(pause)
+                pause = min(pause * 2, 0.05)
+                self.cluster.refresh()
+
+    def _handed_over(self, p, endpoint: str) -> bool:
+        """Whether node p, which did not answer at `endpoint`, is the same node at another endpoint now."""
+        self.cluster.refresh()
+        return self.cluster.endpoints[p] != endpoint and self.cluster.source(p) == self._sources.get(p) \
+            and self.cluster.state(p) != "dead"
 
     def _check_reply(self, p, reply, out):
         epoch = reply.get("epoch")
@@ -755,6 +778,8 @@ class Client:
             raise down
         if error == ErrorCode.REPLAYING:
             raise Replaying(reply.get("message"))
+        if error == ErrorCode.MOVED:
+            raise HandingOver(reply.get("message"))
         if error == ErrorCode.REPLACED:
             raise Replaced(reply.get("message"))
         if error == ErrorCode.INVALID:

@@ -32,8 +32,8 @@ from .. import clock
 from ..config import ClusterConfig
 from ..errors import Error
 from ..membership import LeaseNotFound
-from ..protocol.messages import (Applied, CreateTable, DropTable, Holds, Invalidate, MapUpdate, Rollback, Shutdown,
-                                 Sync, Tables)
+from ..protocol.messages import (Applied, CreateTable, DropTable, Freeze, HandOver, Holds, Invalidate, MapUpdate,
+                                 Rollback, Shutdown, Sync, Tables, TakeOver)
 from ..storage.table import TableSpec
 from . import plans
 from .map import Map
@@ -48,13 +48,14 @@ STORE_GRACE = 3.5  # on etcd, a decider leading again after its lease ran out wa
 # heartbeat; without the wait every node was declared dead at once
 INSTALL_TRIES = 5  # times an install is tried again after a create or drop came between
 FLUSH_SECONDS = 1.0  # longest a drain waits for the leaving node's deltas to be acknowledged before fencing it
+HANDOVER_FLUSH = 5.0  # longest a handover waits for the frozen node to get quiet (its deltas acknowledged)
 RETELL_SECONDS = 5.0  # a node told to stop (drained) whose presence is still there is told again after this long
 SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
 
 
 class Decider:
     def __init__(self, store: ClusterStore, control, name: str, token: str | None = None, ttl: float = ELECTION_TTL,
-                 log=None, grace: float = 0.0):
+                 log=None, grace: float = 0.0, handover: bool = True):
         self.store, self.control, self.name, self.token, self.ttl = store, control, name, token, ttl
         self.log = log or (lambda message: None)
         self.lease: int | None = None
@@ -63,6 +64,7 @@ class Decider:
         self.lapsed = False  # its lease ran out since it last won
         self.silences: dict[str, int] = {}  # endpoint -> reconcile rounds it did not answer (soft state)
         self.told: dict[str, float] = {}  # endpoint -> when it was last told to stop, being drained (soft state)
+        self.handover = handover  # drains hand the position over (else: a failover with nothing to detect)
 
     # -- election ----------------------------------------------------------
     def leading(self) -> bool:
@@ -119,6 +121,9 @@ class Decider:
         strays = plans.strays(m, presence)
         if strays:
             return self._swap(m, m.replace(fenced=m.fenced + tuple(strays))) is not None
+        frozen = plans.frozen(m, presence)
+        if frozen:
+            return self._thaw(frozen)
         drains = self.store.drains()
         spares = plans.free_spares(m, presence, drains)
         if m.dead() and spares:
@@ -294,6 +299,8 @@ class Decider:
         if p is None:
             return False
         endpoint = m.endpoints[p]
+        if self.handover:
+            return self._hand_over(m, p, spares[0], drains)
         self._flush(endpoint)
         presence = self.store.presence()  # the flush took a while: a node may have gone meanwhile
         if plans.silent(m, presence) or plans.drainable(m, drains, plans.free_spares(m, presence, drains)) != p:
@@ -303,6 +310,52 @@ class Decider:
         self.log(f"epoch {m.epoch}: position {p} drained: {endpoint} fenced, to be replaced by a spare")
         self._stop(endpoint)
         return True
+
+    def _hand_over(self, m: Map, p: int, spare: str, drains: dict) -> bool:
+        """Move position p, its node's identity and everything it holds, to `spare`, with no failure: the node
+        is frozen (it takes no writes or deltas, clients and peers ask again), its window closed and its deltas
+        acknowledged; its state goes to the spare, which takes the position under the same identity; one map
+        change gives that identity the spare's endpoint (peers resend what it did not acknowledge), and the
+        node is told to stop. Anything that fails before the map change thaws the node (a later step tries
+        again); a decider that dies meanwhile leaves it frozen, and the next one thaws it (`plans.frozen`)."""
+        endpoint = m.endpoints[p]
+        ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
+        deadline = clock.monotonic() + HANDOVER_FLUSH
+        while endpoint in ok and ok[endpoint][0].get("not_ready") and clock.monotonic() < deadline:
+            clock.sleep(0.01)
+            ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
+        state = None
+        if endpoint in ok and not ok[endpoint][0].get("not_ready"):
+            ok, _ = self._ask({endpoint: (HandOver(token=self.token).header(), [])})
+            state = ok.get(endpoint)
+        why = "it did not get quiet" if state is None or "state" not in state[0] else None
+        if why is None:
+            header = TakeOver(state=state[0]["state"], config=m.config, token=self.token).header()
+            ok, _ = self._ask({spare: (header, state[1])})
+            if spare in ok:  # the spare takes the position and announces it, the map still giving it to the node
+                ok, _ = self._ask({spare: (self.map_header(m, position=p), [])})
+            why = None if ok.get(spare, ({}, []))[0].get("source") == m.sources[p] else f"{spare} did not take it"
+        if why is None:
+            presence = self.store.presence()
+            if endpoint not in presence or spare not in presence or plans.silent(m, presence):
+                why = "a node went away meanwhile"
+        new = m.with_position(p, endpoint=spare, key=presence.get(spare, {}).get("key")) if why is None else None
+        if why is None and self._swap(m, new, self.store.drain_guard(endpoint, drains[endpoint])) is None:
+            why = "the map changed, or the request was withdrawn"
+        if why is not None:
+            self.log(f"epoch {m.epoch}: handing position {p} over from {endpoint} to {spare} failed ({why}): "
+                     f"thawed, to be tried again")
+            self._ask({endpoint: (Freeze(on=False, token=self.token).header(), [])})
+            return False
+        self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare}")
+        self._stop(endpoint)
+        return True
+
+    def _thaw(self, endpoints: list[str]) -> bool:
+        """Nodes left frozen by a handover that did not finish take writes again."""
+        self.log(f"nodes {endpoints} were left frozen by a handover that did not finish: thawed")
+        self._ask({e: (Freeze(on=False, token=self.token).header(), []) for e in endpoints})
+        return False
 
     def _flush(self, endpoint: str) -> None:
         """Close the window of the node at `endpoint`, then wait until none of its deltas waits for an

@@ -62,9 +62,17 @@ def strays(m: Map, presence: dict) -> list[str]:
         p, source = info.get("position"), info.get("source")
         if not isinstance(p, int) or not isinstance(source, str) or source in m.fenced:
             continue
-        if not (0 <= p < m.nodes) or m.endpoints[p] != endpoint or m.sources[p] not in (None, source):
+        if not (0 <= p < m.nodes) or m.sources[p] not in (None, source):
             out.append(source)
+        elif m.endpoints[p] != endpoint and m.sources[p] != source:  # the map's identity at another endpoint:
+            out.append(source)  # a handover in flight, whose node the map does not name leaves by itself
     return out
+
+
+def frozen(m: Map, presence: dict) -> list[str]:
+    """Endpoints of nodes the map gives a live position that a handover froze (one that did not finish:
+    a decider hands a position over within one step)."""
+    return [m.endpoints[p] for p in m.live() if presence.get(m.endpoints[p], {}).get("frozen")]
 
 
 def arriving(m: Map, presence: dict) -> list[str]:

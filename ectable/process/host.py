@@ -14,7 +14,12 @@ from ..config import ENDPOINT, ClusterConfig
 from ..errors import InvalidRequest
 from ..protocol import messages
 from ..protocol.messages import ErrorCode
+from ..storage import handover
 from ..storage.node import Node
+
+FROZEN_TAKES = {"get", "get_many", "get_parity", "missing", "status", "tables", "snapshot_progress", "sync", "step"}
+# what a node frozen for a handover still answers (it changes nothing); `applied` and `holds` too, unless they fence
+# or promise. Once its state is handed over it answers nothing but `moved`: its successor may have taken writes.
 
 
 class NodeHost:
@@ -33,6 +38,9 @@ class NodeHost:
         self.peer_keys: dict[str, str] = {}  # identity -> key of the nodes the current map gives a live position
         self.lazy_close = False  # nodes of processes close windows when idle
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
+        self.frozen = False  # a drain's handover: the node changes no more (`freeze`)
+        self.handed = False  # its state was handed over: it answers nothing but `moved`
+        self.pending: Node | None = None  # a spare: the node it takes over once a map gives it that position
 
     def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:
         """Answer one request (sent with CURVE key `key`): a control op here, anything else by the node."""
@@ -44,17 +52,21 @@ class NodeHost:
         if refused:
             return messages.error(ErrorCode.FORBIDDEN, refused), []
         if msg.op in messages.CONTROL:
-            return self.control(msg)
+            return self.control(msg, arrays)
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
+        if self.frozen and (self.handed or not (msg.op in FROZEN_TAKES or msg.op == "applied" and not msg.fence
+                                                or msg.op == "holds" and msg.source is None)):
+            return messages.error(ErrorCode.MOVED, f"node {self.node.position} hands its position over to another "
+                                                   f"node: ask again once the map moved it"), []
         reply = self.node.dispatch(msg, arrays)
         if msg.op == "snapshot" and not self.late_writers:
             self.node.start_writer()
         return reply
 
     # -- control ---------------------------------------------------------
-    def control(self, msg: messages.Request) -> tuple[dict, list]:
-        if msg.op in ("map", "shutdown", "fault") and (self.token is None or msg.token != self.token):
+    def control(self, msg: messages.Request, arrays=()) -> tuple[dict, list]:
+        if msg.op in ("map", "shutdown", "fault", "freeze", "hand_over", "take_over") and (self.token is None or msg.token != self.token):
             return messages.error(ErrorCode.INVALID, f"{msg.op} is only taken from the cluster that started this node"), []
         if msg.op == "map":
             return self.apply_map(msg), []
@@ -63,7 +75,39 @@ class NodeHost:
         if msg.op == "shutdown":
             self.running = False
             return {}, []
+        if msg.op in ("freeze", "hand_over", "take_over"):
+            return self.hand_over(msg, arrays)
         return messages.error(ErrorCode.INVALID, f"{msg.op} is not taken by this node"), []
+
+    def hand_over(self, msg, arrays) -> tuple[dict, list]:
+        """A drain's handover: `freeze` (or thaw) this node, `hand_over` its state once frozen and quiet, or,
+        on a spare, `take_over` the state of the node it replaces (see `storage.handover`)."""
+        if msg.op == "take_over":
+            if self.node is not None:
+                return messages.error(ErrorCode.INVALID, f"this node holds position {self.node.position}: no spare"), []
+            try:
+                self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config))
+            except (InvalidRequest, TypeError, ValueError) as exc:
+                return messages.error(ErrorCode.INVALID, f"take_over: {exc}"), []
+            self.pending.lazy_close = self.lazy_close
+            return {"source": self.pending.source}, []
+        if self.node is None:
+            return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
+        if msg.op == "freeze":
+            if msg.on != self.frozen:
+                self.frozen, self.handed = msg.on, False
+                self.announce()
+            if self.frozen:
+                self.node.close_window()
+            return {"unacked": len(self.node.unacked), "not_ready": handover.ready(self.node)}, []
+        if not self.frozen:
+            return messages.error(ErrorCode.INVALID, "hand_over needs a frozen node (freeze)"), []
+        try:
+            state, out = handover.export(self.node)
+        except InvalidRequest as exc:  # not quiet yet
+            return messages.error(ErrorCode.INVALID, str(exc)), []
+        self.handed = True
+        return {"state": state}, out
 
     def apply_map(self, msg: messages.MapUpdate) -> dict:
         """Take a position (once), learn peers' endpoints, identities and which positions are dead."""
@@ -88,19 +132,30 @@ class NodeHost:
                     raise ValueError("position or endpoints do not fit the cluster")
             except (TypeError, ValueError, KeyError) as exc:
                 return messages.error(ErrorCode.INVALID, f"bad map: {exc}")
-            self.node = Node(position, config, rebuilding=msg.rebuilding, lazy_close=self.lazy_close)
+            pending, self.pending = self.pending, None
+            if pending is not None and pending.position == position and not msg.rebuilding and \
+                    isinstance(msg.sources, list) and msg.sources[position:position + 1] == [pending.source]:
+                self.node = pending  # a drain's handover: this spare continues the node it was given
+            else:
+                self.node = Node(position, config, rebuilding=msg.rebuilding, lazy_close=self.lazy_close)
             if self.node.rebuilding:  # a replacement: writers replay what the dead node applied first
                 self.node.expect_replays(self.writers())
             self.announce()  # before the decider hears of it: it then expects this identity
+        elif self.node is not None and self._handed_away(endpoints, msg.sources):
+            self.leave()  # its identity lives on at another endpoint: a spare again (a drain stops it)
         if self.node is None:
             return {"source": None}
         sources = msg.sources
         if not (isinstance(sources, list) and len(sources) == len(endpoints)):
             sources = [None] * len(endpoints)
         for target, endpoint in enumerate(endpoints):
-            moved = target < len(self.endpoints) and (self.endpoints[target] != endpoint or (
-                sources[target] is not None and self.sources.get(target) not in (None, sources[target])))
-            if moved and target != self.node.position:  # a new node there (maybe at the same endpoint)
+            if target == self.node.position or target >= len(self.endpoints):
+                pass
+            elif sources[target] is not None and sources[target] == self.sources.get(target):
+                if self.endpoints[target] != endpoint:  # the same node, handed over to another endpoint
+                    self._relocate_peer(target, endpoint)
+            elif self.endpoints[target] != endpoint or sources[target] is not None and \
+                    self.sources.get(target) is not None:  # a new node there (maybe at the same endpoint)
                 self._drop_peer(target)
                 self.node.peer_replaced(target)
             if sources[target] is not None:
@@ -118,6 +173,12 @@ class NodeHost:
             if target != self.node.position and target not in self.dead:
                 self._connect(target)
         return {"source": self.node.source}
+
+    def _handed_away(self, endpoints: list, sources) -> bool:
+        """Whether a map gives this node's position, under its identity, to another endpoint (a handover)."""
+        p = self.node.position
+        return (endpoints[p] != self.endpoint and isinstance(sources, list) and len(sources) == len(endpoints)
+                and sources[p] == self.node.source)
 
     def take_ack(self, target: int, header: dict) -> None:
         """A peer's answer to one of this node's deltas: acknowledged, or out of order (an earlier one was
@@ -143,7 +204,7 @@ class NodeHost:
         node = self.node
         return {"endpoint": self.endpoint, "source": node and node.source, "position": node and node.position,
                 "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0,
-                "key": self.keys and self.keys["public"]}
+                "key": self.keys and self.keys["public"], "frozen": self.frozen}
 
     def follow_map(self, latest) -> None:
         """Take a map read from the store (`cluster.map.Map`): leave if it fences this node's identity,
@@ -156,13 +217,18 @@ class NodeHost:
             self.apply_map(messages.MapUpdate(**latest.view()))
 
     def leave(self) -> None:
-        """This node was declared dead while it was away: drop everything and wait as a spare."""
-        self.node = None
+        """This node was declared dead while it was away, or handed its position over: drop everything and
+        wait as a spare."""
+        self.node, self.frozen, self.handed = None, False, False
         self.endpoints, self.dead, self.sources = [], set(), {}
         self.announce()  # a spare again
 
     def _drop_peer(self, target: int) -> None:
         """Deltas to `target` are moot (it died, or a replacement rebuilds its parity from data)."""
+
+    def _relocate_peer(self, target: int, endpoint: str) -> None:
+        """The node at `target` moved to `endpoint`, the same node (a handover): deltas to it go there, and
+        those it has not acknowledged are sent again."""
 
     def _connect(self, target: int) -> None:
         """A live peer: a transport may connect to it now, so the first window's deltas need not wait."""

@@ -26,7 +26,7 @@ from ..errors import Error, NodeDown
 from ..membership.memory import MemoryMembership
 from ..membership.server import EtcdServer
 from ..storage.node import Node
-from ..protocol.messages import Fault
+from ..protocol.messages import ErrorCode, Fault
 from .host import NodeHost
 from .node_server import HEARTBEAT, TICK
 from ..transport import InProcessChannel, ZmqChannel
@@ -215,21 +215,27 @@ class InProcessCluster(StoredMap, LocalCluster):
         if self._failure is not None:
             raise self._failure
         hosts = [h for h in self._hosts.values() if h.alive and h.node is not None]
+        held = []  # deltas to a node handing its position over: delivered once the map moved it
         while True:
             moved = False
             for host in hosts:
                 node = host.node
                 for target, header, arrays in node.take_outbox() if node is not None else ():
                     moved = True
-                    peer = self._host(target).node if self._host(target).alive else None
-                    if peer is None:
+                    peer = self._hosts.get(host.endpoints[target]) if target < len(host.endpoints) else None
+                    if peer is None or not peer.alive or peer.node is None:
                         node.acked(target, header["seq"])  # moot: a replacement rebuilds from data
                         continue
                     reply, _ = peer.handle(header, arrays)
-                    if "ack" not in reply:
+                    if reply.get("error") == ErrorCode.MOVED:
+                        held.append((node, (target, header, arrays)))
+                    elif "ack" not in reply:
                         raise Error(f"node {target} refused a delta: {reply}")
-                    node.acked(target, reply["ack"])
+                    else:
+                        node.acked(target, reply["ack"])
             if not moved:
+                for node, delta in held:
+                    node.outbox.append(delta)
                 for host in hosts:
                     if host.node is not None:
                         host.node.apply_queued()
@@ -260,8 +266,8 @@ class InProcessHost(NodeHost):
         self.alive, self.node = False, None
         self.store.membership.revoke(self.lease)
 
-    def control(self, msg) -> tuple[dict, list]:
-        reply = super().control(msg)
+    def control(self, msg, arrays=()) -> tuple[dict, list]:
+        reply = super().control(msg, arrays)
         if not self.running:  # told to stop (drained): gone as a process would be
             self.kill()
         return reply

@@ -69,7 +69,7 @@ class NodeServer(NodeHost):
         self.metrics_at = 0.0
 
     # -- control ---------------------------------------------------------
-    def control(self, msg) -> tuple[dict, list]:
+    def control(self, msg, arrays=()) -> tuple[dict, list]:
         if msg.op == "fault":  # fault injection for tests: arm one of FAULTS
             if self.token is None or msg.token != self.token:
                 return messages.error(ErrorCode.INVALID, "fault is only taken from the cluster that started this node"), []
@@ -77,7 +77,7 @@ class NodeServer(NodeHost):
                 return messages.error(ErrorCode.INVALID, f"faults are {sorted(FAULTS)}"), []
             self.faults[msg.name] = msg.value
             return {}, []
-        return super().control(msg)
+        return super().control(msg, arrays)
 
     def announce(self) -> None:
         if self.presence is not None:
@@ -120,6 +120,15 @@ class NodeServer(NodeHost):
         if sock is not None:
             self.poller.unregister(sock)
             sock.close(0)
+
+    def _relocate_peer(self, target: int, endpoint: str) -> None:
+        sock = self.peers.pop(target, None)
+        if sock is not None:
+            self.poller.unregister(sock)
+            sock.close(0)
+        for key, (frames, _) in list(self.inflight.items()):
+            if key[0] == target:
+                self.inflight[key] = (frames, float("-inf"))  # sent again, to the new endpoint, at the next pass
 
     def _connect(self, target: int) -> None:
         self._peer(target)

@@ -37,6 +37,7 @@ class ErrorCode(str, enum.Enum):
     REPLACED = "replaced"  # a degraded write for a position that has a replacement now: write to it
     FORBIDDEN = "forbidden"  # the sender's key may not send this (see `ectable.security`)
     EXPIRED = "expired"  # the writer's lease lapsed and nodes forgot its clients: it must connect again
+    MOVED = "moved"  # the node hands its position to another (a drain): ask again once the map moved it
 
 
 def writer_of(cid: str) -> str:
@@ -324,6 +325,33 @@ class MapUpdate(Request):
     node: str | None = None
 
 
+@request("freeze")
+class Freeze(Request):
+    """A drain's handover: the node refuses writes, deltas and every other change (`moved`) and closes its
+    window (`on`), or takes them again (`on` false). Answers how many of its deltas wait for an
+    acknowledgement, and why it cannot hand over yet ("not_ready", None once it can)."""
+    on: bool = True
+    token: str | None = None
+    node: str | None = None
+
+
+@request("hand_over")
+class HandOver(Request):
+    """A frozen node's whole state (`storage.handover`): header "state", and its arrays."""
+    token: str | None = None
+    node: str | None = None
+
+
+@request("take_over")
+class TakeOver(Request):
+    """To a spare: the `state` (arrays: its arrays) of the node whose place it takes, with the cluster's
+    `config`; it holds that node, unseen, until a map gives it the position under that identity."""
+    state: dict
+    config: dict
+    token: str | None = None
+    node: str | None = None
+
+
 @request("ping")
 class Ping(Request):
     node: str | None = None
@@ -344,4 +372,4 @@ class Fault(Request):
     node: str | None = None
 
 
-CONTROL = {"map", "ping", "shutdown", "fault"}  # answered by a node's host, whether it holds a position or not
+CONTROL = {"map", "ping", "shutdown", "fault", "freeze", "hand_over", "take_over"}  # answered by a node's host, whether it holds a position or not
