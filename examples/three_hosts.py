@@ -195,11 +195,11 @@ def walk_through(workdir: str) -> None:
         walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
 
         walk.say("## Draining a node\n\nNode c-1 is to go (say, for work on its disk), with no failure: the operator "
-                 "drains it. Once every position is up and a spare is free, the decider closes c-1's window, waits (a second at "
-                 "most) until its deltas are acknowledged, fences it and tells it to stop; the spare takes position 5 and rebuilds it "
-                 "as after a failure, with nothing to detect and, as c-1 flushed, little or nothing for trainers to "
-                 "replay. While the spare rebuilds, the cluster survives one failure fewer (here one, not two). The "
-                 "command waits until the spare is up.")
+                 "drains it. Once every position is up and a spare is free, the decider freezes c-1 (writes and deltas to "
+                 "it wait), closes its window, waits until its deltas are acknowledged and hands everything c-1 holds to "
+                 "the spare, which continues it under the same identity; one map change gives position 5 the spare's "
+                 "address, and c-1 is told to stop. Nothing is rebuilt and nothing replayed: the cluster survives two "
+                 "failures throughout. The command waits until c-1 has stopped.")
         walk.shell("trainer", [*ectable, "node", "drain", "c-1", "--config", "cluster.toml"],
                    "ectable node drain c-1 --config cluster.toml")
         walk.say("```\nc$ systemctl disable ectable-node@c-1    # it exited when told: keep it from starting again\n```")

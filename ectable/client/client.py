@@ -498,6 +498,8 @@ class Client:
                 self._check_reply(p, *pending.wait(DEADLINE))
             except NodeDown:
                 self._lost(p)
+            except HandingOver:
+                pass  # the node that continues it starts with its window closed
 
     @_open
     def flush(self, timeout: float = DEADLINE) -> None:
@@ -908,10 +910,10 @@ class Client:
 
     def _gather_live(self, requests: dict, timeout: float = DEADLINE) -> tuple[dict, list]:
         """Send {(node,): (header, arrays)} to all at once and wait for every reply: ({key: (reply, arrays)}
-        of those that answered, the nodes that did not (NodeDown), to be failed over). Any other error is
-        raised once every reply is in."""
+        of those that answered, the nodes that did not (NodeDown) or are being moved (HandingOver), to be
+        failed over or asked again. Any other error is raised once every reply is in."""
         self._finish_steps()
-        pending, replies, failed, failure = {}, {}, [], None
+        pending, replies, failed, failure, moving = {}, {}, [], None, False
         for key, (header, arrays) in requests.items():
             try:
                 pending[key] = self.cluster.channel(key[0]).start(header, arrays)
@@ -922,10 +924,16 @@ class Client:
                 replies[key] = self._check_reply(key[0], *request.wait(timeout))
             except NodeDown:
                 failed.append(key[0])
+            except HandingOver:
+                failed.append(key[0])
+                moving = True
             except Error as exc:
                 failure = failure or exc
         if failure is not None:
             raise failure
+        if moving:  # the map moves it within a moment
+            clock.sleep(0.01)
+            self.cluster.refresh()
         return replies, failed
 
     def _touched_stripes(self, log, marks) -> dict:

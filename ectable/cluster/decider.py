@@ -17,8 +17,9 @@ nothing). Each `step()` makes one decision, in this order:
 5. nodes that hold a position the map does not give them are fenced (a decider died while
    installing them);
 6. a live spare is put in a dead position, with the tables, rebuilding;
-7. a node an operator asked to leave (`ectable node drain`) is failed over to a spare once every
-   position is up, and told to stop; a leaving spare is told to stop.
+7. a node an operator asked to leave (`ectable node drain`) hands its position, identity and state
+   over to a spare once every position is up, and is told to stop (after HANDOVER_TRIES failed
+   handovers it is failed over instead); a leaving spare is told to stop.
 
 The pure decisions live in `plans`; this module does the talking. `control` sends requests
 to nodes by endpoint: `call_all({endpoint: (header, arrays)}, timeout)` returns
@@ -49,13 +50,15 @@ STORE_GRACE = 3.5  # on etcd, a decider leading again after its lease ran out wa
 INSTALL_TRIES = 5  # times an install is tried again after a create or drop came between
 FLUSH_SECONDS = 1.0  # longest a drain waits for the leaving node's deltas to be acknowledged before fencing it
 HANDOVER_FLUSH = 5.0  # longest a handover waits for the frozen node to get quiet (its deltas acknowledged)
+HANDOVER_TRIES = 3  # handovers of one node that may fail before its drain fails the position over instead
+HANDOVER_TIMEOUT = 60.0  # longest the transfer of a node's state (to the decider, then to the spare) may take
 RETELL_SECONDS = 5.0  # a node told to stop (drained) whose presence is still there is told again after this long
 SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
 
 
 class Decider:
     def __init__(self, store: ClusterStore, control, name: str, token: str | None = None, ttl: float = ELECTION_TTL,
-                 log=None, grace: float = 0.0, handover: bool = True):
+                 log=None, grace: float = 0.0):
         self.store, self.control, self.name, self.token, self.ttl = store, control, name, token, ttl
         self.log = log or (lambda message: None)
         self.lease: int | None = None
@@ -64,7 +67,7 @@ class Decider:
         self.lapsed = False  # its lease ran out since it last won
         self.silences: dict[str, int] = {}  # endpoint -> reconcile rounds it did not answer (soft state)
         self.told: dict[str, float] = {}  # endpoint -> when it was last told to stop, being drained (soft state)
-        self.handover = handover  # drains hand the position over (else: a failover with nothing to detect)
+        self.handovers_failed: dict[str, int] = {}  # endpoint -> handovers of its position that failed (soft state)
 
     # -- election ----------------------------------------------------------
     def leading(self) -> bool:
@@ -149,9 +152,9 @@ class Decider:
         header = self.map_header(m)
         self.control.call_all({m.endpoints[p]: (header, []) for p in m.live()}, CONTROL_TIMEOUT)
 
-    def _ask(self, requests: dict) -> tuple[dict, list]:
+    def _ask(self, requests: dict, timeout: float = CONTROL_TIMEOUT) -> tuple[dict, list]:
         """({endpoint: (reply, arrays)}, [endpoints that failed])."""
-        answers = self.control.call_all(requests, CONTROL_TIMEOUT)
+        answers = self.control.call_all(requests, timeout)
         return ({e: a for e, a in answers.items() if not isinstance(a, Exception)},
                 [e for e, a in answers.items() if isinstance(a, Exception)])
 
@@ -284,9 +287,10 @@ class Decider:
         return False
 
     def _drain(self, m: Map, presence: dict, drains: dict, spares: list[str]) -> bool:
-        """Nodes asked to leave: the first holding a position is failed over (fenced, to be replaced by a spare
-        like a dead node) once `plans.drain_waits` allows, and told to stop; one holding no position (a spare,
-        or fenced already) is told to stop; a request whose node is gone is done."""
+        """Nodes asked to leave: the first holding a position hands it over to a spare (`_hand_over`) once
+        `plans.drain_waits` allows, and is told to stop; after HANDOVER_TRIES failed handovers it is failed over
+        instead (fenced, to be replaced by a spare like a dead node). One holding no position (a spare, or fenced
+        already) is told to stop; a request whose node is gone is done."""
         live = {m.endpoints[p] for p in m.live()}
         for endpoint in sorted(drains.keys() - live):
             if endpoint not in presence:
@@ -299,8 +303,9 @@ class Decider:
         if p is None:
             return False
         endpoint = m.endpoints[p]
-        if self.handover:
+        if self.handovers_failed.get(endpoint, 0) < HANDOVER_TRIES:
             return self._hand_over(m, p, spares[0], drains)
+        self.log(f"epoch {m.epoch}: {HANDOVER_TRIES} handovers of position {p} failed: failing it over instead")
         self._flush(endpoint)
         presence = self.store.presence()  # the flush took a while: a node may have gone meanwhile
         if plans.silent(m, presence) or plans.drainable(m, drains, plans.free_spares(m, presence, drains)) != p:
@@ -326,12 +331,12 @@ class Decider:
             ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
         state = None
         if endpoint in ok and not ok[endpoint][0].get("not_ready"):
-            ok, _ = self._ask({endpoint: (HandOver(token=self.token).header(), [])})
+            ok, _ = self._ask({endpoint: (HandOver(token=self.token).header(), [])}, HANDOVER_TIMEOUT)
             state = ok.get(endpoint)
         why = "it did not get quiet" if state is None or "state" not in state[0] else None
         if why is None:
             header = TakeOver(state=state[0]["state"], config=m.config, token=self.token).header()
-            ok, _ = self._ask({spare: (header, state[1])})
+            ok, _ = self._ask({spare: (header, state[1])}, HANDOVER_TIMEOUT)
             if spare in ok:  # the spare takes the position and announces it, the map still giving it to the node
                 ok, _ = self._ask({spare: (self.map_header(m, position=p), [])})
             why = None if ok.get(spare, ({}, []))[0].get("source") == m.sources[p] else f"{spare} did not take it"
@@ -346,7 +351,9 @@ class Decider:
             self.log(f"epoch {m.epoch}: handing position {p} over from {endpoint} to {spare} failed ({why}): "
                      f"thawed, to be tried again")
             self._ask({endpoint: (Freeze(on=False, token=self.token).header(), [])})
+            self.handovers_failed[endpoint] = self.handovers_failed.get(endpoint, 0) + 1
             return False
+        self.handovers_failed.pop(endpoint, None)
         self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare}")
         self._stop(endpoint)
         return True

@@ -142,10 +142,10 @@ def stale_parity(stripes: np.ndarray, holders: np.ndarray, score: np.ndarray, ha
 
 
 def drain_waits(m: Map, spares: list[str]) -> str | None:
-    """Why no drain may start now (None: one may). A drain hands a position to a spare by failing it over,
-    so it takes one failure's worth of redundancy while the spare rebuilds: it starts only when every
-    position is up (none dead, reconciling or rebuilding) and a free spare (`spares`) can take the place;
-    never without parity (r = 0), where the node's rows would be lost."""
+    """Why no drain may start now (None: one may). A drain hands a position to a spare, and fails it over if
+    handing it over keeps failing: it starts only when every position is up (none dead, reconciling or
+    rebuilding) and a free spare (`spares`) can take the place; never without parity (r = 0), where a failover
+    would lose the node's rows."""
     if not ClusterConfig(**m.config).r:
         return "the cluster keeps no parity (r = 0): its rows cannot be rebuilt elsewhere"
     for p in range(m.nodes):

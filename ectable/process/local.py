@@ -85,7 +85,7 @@ class LocalCluster(ClusterMap):
 
     def drain(self, i: int, timeout: float = START_TIMEOUT) -> None:
         """Hand active node i's position to a spare and stop the node, with no failure to detect (`ectable node
-        drain`); returns once a spare holds the position (it rebuilds it as after a failure). Error if the drain
+        drain`); returns once a spare holds the position (it continues the node: see `Decider._hand_over`). Error if the drain
         could not start within `timeout` seconds (the request is then withdrawn), or no spare took the position."""
         endpoint = self._map.endpoints[i]
         if self._map.states[i] == "dead":

@@ -136,6 +136,13 @@ class SimNodeHost(NodeHost):
             self.node.acked(*key)
         self.links[target] = self.links.get(target, 0) + 1
 
+    def _relocate_peer(self, target: int, endpoint: str) -> None:
+        self.links[target] = self.links.get(target, 0) + 1  # replies from the old endpoint are moot
+        for key, (frames, _) in list(self.inflight.items()):
+            if key[0] == target:
+                self.inflight[key] = (frames, float("-inf"))  # sent again, to the new endpoint, at the next tick
+        self._schedule()
+
     def leave(self) -> None:
         self.inflight, self.rebuilding_with = {}, None
         self.links = {t: n + 1 for t, n in self.links.items()}

@@ -1,0 +1,72 @@
+"""What draining a node costs a training loop: the drain hands the node's position, identity and state to a
+spare (no rebuild), and writes to that node wait while it is frozen.
+
+    python -m bench.drain [--iters 200] [--rows 200000 2000000] [--code xor rs]
+
+Each iteration is one get + apply_gradient + step of 512 Zipf-skewed rows of a dim-16 adagrad table on a
+6-node process cluster with one spare. After `iters` iterations a drain of position 2 is requested (as
+`ectable node drain` does) and training goes on until the map gives position 2 the spare's endpoint, then
+`iters` more. Prints, per code and table size: the node's state in MiB, seconds from the request to the map
+change, the longest iteration while the drain ran against p50 / p99 before it, whether the position was ever
+seen anything but up, and writes bench/results/drain.json.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import ectable
+
+from .common import report
+
+
+def run(code: str, rows: int, iters: int, batch: int = 512, dim: int = 16) -> list:
+    k, r = (4, 1) if code == "xor" else (4, 2)
+    rng = np.random.default_rng(0)
+    with ectable.LocalCluster(nodes=k + r, code=code, k=k, r=r, spares=1) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=rows, dim=dim, optimizer="adagrad", lr=0.05, seed=0)
+        client.put("t", np.arange(rows), rng.standard_normal((rows, dim)).astype(np.float32))  # every row real
+        state_mib = client.status()["nodes"][2]["bytes"] / 2**20
+
+        def iteration() -> float:
+            ids = (rng.zipf(1.2, batch) - 1) % rows
+            start = time.perf_counter()
+            client.get("t", ids)
+            client.apply_gradient("t", ids, rng.standard_normal((batch, dim)).astype(np.float32))
+            client.step()
+            return time.perf_counter() - start
+
+        before = [iteration() for _ in range(iters)]
+        leaving = cluster.endpoints[2]
+        asked = time.monotonic()
+        cluster.store.request_drain(leaving)
+        during, states = [], set()
+        while cluster.endpoints[2] == leaving:
+            during.append(iteration())
+            states.add(cluster.state(2))
+            if time.monotonic() - asked > 300:
+                raise RuntimeError("the drain did not finish within 300 s")
+        moved = time.monotonic() - asked
+        after = [iteration() for _ in range(iters)]
+        states.add(cluster.state(2))
+        ms = lambda xs, q: round(float(np.percentile(np.array(xs) * 1e3, q)), 1)  # noqa: E731
+        return [code, rows, round(state_mib, 1), round(moved, 2), len(during), ms(before, 50), ms(before, 99),
+                ms(during, 100), ms(after, 50), "/".join(sorted(states))]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=200, help="iterations before and after the drain")
+    parser.add_argument("--rows", type=int, nargs="+", default=[200_000, 2_000_000], help="table sizes")
+    parser.add_argument("--code", nargs="+", default=["xor", "rs"])
+    args = parser.parse_args(argv)
+    rows = [run(code, n, args.iters) for code in args.code for n in args.rows]
+    report("drain", ["code", "rows", "node state MiB", "drain s", "iterations during", "p50 before ms",
+                     "p99 before ms", "max during ms", "p50 after ms", "position 2 seen"], rows)
+
+
+if __name__ == "__main__":
+    main()
