@@ -75,6 +75,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.garbage_stream
 	$(PY) -m bench.create_table --rows $(CREATE_ROWS)
 	$(PY) -m bench.recovery $(RECOVERY_ARGS)
+	$(PY) -m bench.drain
 	command -v redis-server >/dev/null || apt-get install -y -q redis-server || sudo apt-get install -y -q redis-server \
 		|| echo "no redis-server: the Redis baseline is skipped"
 	if command -v redis-server >/dev/null; then $(PY) -m bench.redis_baseline --workload criteo zipf --scale $(SCALE); fi

@@ -350,7 +350,8 @@ class Decider:
         if why is not None:
             self.log(f"epoch {m.epoch}: handing position {p} over from {endpoint} to {spare} failed ({why}): "
                      f"thawed, to be tried again")
-            self._ask({endpoint: (Freeze(on=False, token=self.token).header(), [])})
+            self._ask({endpoint: (Freeze(on=False, token=self.token).header(), []),
+                       spare: (self.map_header(m), [])})  # a spare that took the position sees it is not its own
             self.handovers_failed[endpoint] = self.handovers_failed.get(endpoint, 0) + 1
             return False
         self.handovers_failed.pop(endpoint, None)

@@ -144,6 +144,7 @@ class NodeHost:
         elif self.node is not None and self._handed_away(endpoints, msg.sources):
             self.leave()  # its identity lives on at another endpoint: a spare again (a drain stops it)
         if self.node is None:
+            self.pending = None  # a spare told the map as it stands: a handover it was given did not happen
             return {"source": None}
         sources = msg.sources
         if not (isinstance(sources, list) and len(sources) == len(endpoints)):
