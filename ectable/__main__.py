@@ -45,7 +45,6 @@ def cmd_node(args) -> None:
 def cmd_drain(args) -> None:
     from .cluster import plans
     from .cluster.store import open_store
-    from .config import ClusterConfig
     data = cluster_config.load(args.drain_config or args.config or "cluster.toml")
     if "membership" not in data:
         raise CommandError("node drain needs a cluster file with a [membership] section (etcd endpoints, prefix)")
@@ -66,8 +65,6 @@ def cmd_drain(args) -> None:
             return
         if p is None and endpoint not in store.presence():
             raise CommandError(f"{name} holds no position and is not running")
-        if p is not None and not ClusterConfig(**m.config).r:
-            raise CommandError("the cluster keeps no parity (r = 0): a node's rows cannot be rebuilt elsewhere")
         store.request_drain(endpoint)
         print(f"asked {name} to leave" + (f" position {p}" if p is not None else ""), flush=True)
         deadline, said = time.monotonic() + args.timeout, None

@@ -246,8 +246,8 @@ def test_a_drain_starts_only_with_every_position_up_and_a_spare_free():
     reconciling = m.replace(failing=((3, "node/3/old"),))
     assert "reconciled" in plans.drain_waits(reconciling, spares)
     assert plans.drainable(m.with_position(2, source=None), leaving, spares) is None  # not started: nothing to hand
-    bare = m.replace(config={**m.config, "code": "none", "r": 0})
-    assert "no parity" in plans.drain_waits(bare, spares) and plans.drainable(bare, leaving, spares) is None
+    bare = m.replace(config={**m.config, "code": "none", "r": 0})  # a handover needs no parity
+    assert plans.drain_waits(bare, spares) is None and plans.drainable(bare, leaving, spares) == 2
 
 
 def test_drain_progress_from_request_to_the_spare_up():

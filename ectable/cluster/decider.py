@@ -303,8 +303,8 @@ class Decider:
         if p is None:
             return False
         endpoint = m.endpoints[p]
-        if self.handovers_failed.get(endpoint, 0) < HANDOVER_TRIES:
-            return self._hand_over(m, p, spares[0], drains)
+        if self.handovers_failed.get(endpoint, 0) < HANDOVER_TRIES or not ClusterConfig(**m.config).r:
+            return self._hand_over(m, p, spares[0], drains)  # without parity, a failover would lose its rows
         self.log(f"epoch {m.epoch}: {HANDOVER_TRIES} handovers of position {p} failed: failing it over instead")
         self._flush(endpoint)
         presence = self.store.presence()  # the flush took a while: a node may have gone meanwhile
@@ -323,20 +323,22 @@ class Decider:
         change gives that identity the spare's endpoint (peers resend what it did not acknowledge), and the
         node is told to stop. Anything that fails before the map change thaws the node (a later step tries
         again); a decider that dies meanwhile leaves it frozen, and the next one thaws it (`plans.frozen`)."""
-        endpoint = m.endpoints[p]
+        endpoint, began = m.endpoints[p], clock.monotonic()
         ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
-        deadline = clock.monotonic() + HANDOVER_FLUSH
+        deadline = began + HANDOVER_FLUSH
         while endpoint in ok and ok[endpoint][0].get("not_ready") and clock.monotonic() < deadline:
             clock.sleep(0.01)
             ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
-        state = None
+        state, times = None, [clock.monotonic()]
         if endpoint in ok and not ok[endpoint][0].get("not_ready"):
             ok, _ = self._ask({endpoint: (HandOver(token=self.token).header(), [])}, HANDOVER_TIMEOUT)
             state = ok.get(endpoint)
+            times.append(clock.monotonic())
         why = "it did not get quiet" if state is None or "state" not in state[0] else None
         if why is None:
             header = TakeOver(state=state[0]["state"], config=m.config, token=self.token).header()
             ok, _ = self._ask({spare: (header, state[1])}, HANDOVER_TIMEOUT)
+            times.append(clock.monotonic())
             if spare in ok:  # the spare takes the position and announces it, the map still giving it to the node
                 ok, _ = self._ask({spare: (self.map_header(m, position=p), [])})
             why = None if ok.get(spare, ({}, []))[0].get("source") == m.sources[p] else f"{spare} did not take it"
@@ -355,7 +357,10 @@ class Decider:
             self.handovers_failed[endpoint] = self.handovers_failed.get(endpoint, 0) + 1
             return False
         self.handovers_failed.pop(endpoint, None)
-        self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare}")
+        size = sum(a.nbytes for a in state[1]) / 2**20
+        self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare} "
+                 f"({size:.1f} MiB; frozen {clock.monotonic() - began:.2f} s: flush {times[0] - began:.2f}, state out "
+                 f"{times[1] - times[0]:.2f}, in {times[2] - times[1]:.2f})")
         self._stop(endpoint)
         return True
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ClusterConfig
 from ..layout import Layout
 from .map import Map
 
@@ -144,10 +143,7 @@ def stale_parity(stripes: np.ndarray, holders: np.ndarray, score: np.ndarray, ha
 def drain_waits(m: Map, spares: list[str]) -> str | None:
     """Why no drain may start now (None: one may). A drain hands a position to a spare, and fails it over if
     handing it over keeps failing: it starts only when every position is up (none dead, reconciling or
-    rebuilding) and a free spare (`spares`) can take the place; never without parity (r = 0), where a failover
-    would lose the node's rows."""
-    if not ClusterConfig(**m.config).r:
-        return "the cluster keeps no parity (r = 0): its rows cannot be rebuilt elsewhere"
+    rebuilding) and a free spare (`spares`) can take the place."""
     for p in range(m.nodes):
         if m.states[p] != "up":
             return f"position {p} is {m.states[p]}: a drain waits until every position is up"

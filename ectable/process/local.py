@@ -90,8 +90,6 @@ class LocalCluster(ClusterMap):
         endpoint = self._map.endpoints[i]
         if self._map.states[i] == "dead":
             raise Error(f"position {i} is dead already")
-        if not self.config.r:
-            raise Error(f"position {i} cannot be drained: the cluster keeps no parity (r = 0)")
         self.store.request_drain(endpoint)
         deadline = time.monotonic() + timeout
         while True:
