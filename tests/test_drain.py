@@ -10,7 +10,9 @@ import pytest
 
 import ectable
 from ectable import config as cluster_config
+from ectable.cluster import plans
 from ectable.errors import Error
+from ectable.protocol.messages import Freeze
 from ectable.process.status_view import render
 from ectable.testing import check_parity
 from ectable.testing.reference_trainer import Trainer
@@ -156,3 +158,41 @@ def test_a_drain_keeps_every_failure_survivable(mid_window):
         trainer.train(rounds=2, batch=2000)
         trainer.check("a failure right after a drain")
         trainer.recovered(cluster, batch=2000)
+
+
+def test_a_handover_that_fails_changes_nothing_and_is_tried_again():
+    """Nodes in this process: the map change that ends a handover fails once (as when another change comes
+    first); the node is thawed and keeps its position, the spare that took the state drops it and is free again,
+    nothing is lost; the next step hands the node over. A node left frozen (its decider died half way) is
+    thawed by the next step."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as cluster:
+        trainer = Trainer(cluster.connect(), "t", rows=3000, dim=8, seed=9)
+        trainer.train(rounds=2)
+        decider, leaving, source = cluster.decider, cluster.endpoints[2], cluster.source(2)
+        swap, failed = decider._swap, []
+
+        def swap_fails_once(old, new, guard=()):
+            if not failed and new.endpoints != old.endpoints:
+                failed.append(new)
+                return None
+            return swap(old, new, guard)
+        decider._swap = swap_fails_once
+        spare = next(e for e, h in cluster._hosts.items() if h.node is None)
+        cluster.store.request_drain(leaving)
+        assert not decider.step() and failed  # tried, and failed at the map change
+        assert not cluster._hosts[leaving].frozen and cluster._hosts[spare].node is None
+        assert plans.free_spares(cluster.store.read_map(), cluster.store.presence()) == [spare]
+        trainer.train(rounds=1)
+        trainer.check("after a handover that failed")
+        cluster.decide()  # tried again
+        assert (cluster.endpoints[2], cluster.source(2), cluster.state(2)) == (spare, source, "up")
+        trainer.train(rounds=1)
+        trainer.check("after the handover")
+
+        host = cluster._hosts[cluster.endpoints[3]]
+        host.handle(Freeze(token=decider.token).header(), [])
+        assert host.frozen and host.beat()["frozen"]
+        cluster.decide()
+        assert not host.frozen
+        trainer.train(rounds=1)
+        trainer.recovered(cluster)

@@ -82,6 +82,20 @@ def test_spares_and_strays():
     assert plans.strays(m, seen) == ["node/1/b"]  # it holds position 1 but the map does not give it
 
 
+def test_a_handover_in_flight_is_no_stray_and_a_node_it_left_frozen_is_thawed():
+    m = cluster_map()
+    taking = {"endpoint": "tcp://127.0.0.1:9000", "source": "node/2/a", "position": 2}  # a spare given position 2
+    seen = presence(m, **{taking["endpoint"]: taking})
+    assert plans.strays(m, seen) == [] and plans.silent(m, seen) == []  # the map's identity: the old node still
+    moved = m.with_position(2, endpoint=taking["endpoint"])  # serves it, or the new one does
+    assert plans.strays(moved, seen) == [] and plans.silent(moved, seen) == []
+    assert plans.strays(m, presence(m, **{taking["endpoint"]: {**taking, "source": "node/2/b"}})) == ["node/2/b"]
+    assert plans.frozen(m, seen) == []
+    frozen = presence(m, **{m.endpoints[3]: {**seen[m.endpoints[3]], "frozen": True}})
+    assert plans.frozen(m, frozen) == [m.endpoints[3]]
+    assert plans.frozen(plans.declare_dead(m, [3]), frozen) == []
+
+
 def test_only_holders_behind_a_stripes_most_advanced_forget_their_parity():
     layout = CONFIG.layout(TableSpec.from_config({"name": "t", "num_rows": 4000, "dim": 4, "seed": 0}))
     stripes, holders = plans.reconcile_stripes(layout, 2)
