@@ -2,8 +2,9 @@
 
 A `NodeHost` wraps one `Node`: it takes a position when a decider's map gives it one (once),
 follows newer maps (peers' endpoints and identities, dead positions, fenced identities),
-answers the control ops (`map`, `ping`, `shutdown`) and dispatches everything else to its
-node. It leaves its position, and waits as a spare, when the map fences its identity. Node
+answers the control ops (`map`, `ping`, `shutdown`, and a drain's handover: `freeze`,
+`hand_over`, `take_over`) and dispatches everything else to its node. It leaves its position,
+and waits as a spare, when the map fences its identity or gives it to another endpoint. Node
 processes (`node_server.NodeServer`, ZeroMQ) and in-process clusters (`local.py`) host
 nodes through it, so both follow maps with the same code.
 """
@@ -17,6 +18,7 @@ from ..protocol.messages import ErrorCode
 from ..storage import handover
 from ..storage.node import Node
 
+TOKEN_OPS = {"map", "shutdown", "fault", "freeze", "hand_over", "take_over"}  # control ops taken with the token only
 FROZEN_TAKES = {"get", "get_many", "get_parity", "missing", "status", "tables", "snapshot_progress", "sync", "step"}
 # what a node frozen for a handover still answers (it changes nothing); `applied` and `holds` too, unless they fence
 # or promise. Once its state is handed over it answers nothing but `moved`: its successor may have taken writes.
@@ -66,7 +68,7 @@ class NodeHost:
 
     # -- control ---------------------------------------------------------
     def control(self, msg: messages.Request, arrays=()) -> tuple[dict, list]:
-        if msg.op in ("map", "shutdown", "fault", "freeze", "hand_over", "take_over") and (self.token is None or msg.token != self.token):
+        if msg.op in TOKEN_OPS and (self.token is None or msg.token != self.token):
             return messages.error(ErrorCode.INVALID, f"{msg.op} is only taken from the cluster that started this node"), []
         if msg.op == "map":
             return self.apply_map(msg), []
@@ -150,13 +152,12 @@ class NodeHost:
         if not (isinstance(sources, list) and len(sources) == len(endpoints)):
             sources = [None] * len(endpoints)
         for target, endpoint in enumerate(endpoints):
-            if target == self.node.position or target >= len(self.endpoints):
-                pass
-            elif sources[target] is not None and sources[target] == self.sources.get(target):
-                if self.endpoints[target] != endpoint:  # the same node, handed over to another endpoint
-                    self._relocate_peer(target, endpoint)
-            elif self.endpoints[target] != endpoint or sources[target] is not None and \
-                    self.sources.get(target) is not None:  # a new node there (maybe at the same endpoint)
+            known = target != self.node.position and target < len(self.endpoints)
+            same = sources[target] is not None and sources[target] == self.sources.get(target)
+            if known and same and self.endpoints[target] != endpoint:  # the same node, handed over elsewhere
+                self._relocate_peer(target, endpoint)
+            elif known and not same and (self.endpoints[target] != endpoint or sources[target] is not None
+                                         and self.sources.get(target) is not None):  # a new node there
                 self._drop_peer(target)
                 self.node.peer_replaced(target)
             if sources[target] is not None:
