@@ -279,7 +279,8 @@ def test_curve_refuses_unauthenticated_clients(tmp_path):
 
 def test_each_key_may_send_only_what_its_role_sends(tmp_path):
     """A client's key (or a decider's, or a node's the map does not list) cannot fold a parity delta, and only
-    a decider's may invalidate, roll back or push a map, only a client's take a checkpoint: each is refused ("forbidden") and changes nothing.
+    a decider's may invalidate, roll back, push a map or take a node's state (a drain's handover), only a client's
+    take a checkpoint: each is refused ("forbidden") and changes nothing.
     Nodes given their own keys still fail over onto a spare, whose key the map then lists."""
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "ectable", "keygen", "--out", str(keys), "--nodes", "8"], check=True)
@@ -301,10 +302,11 @@ def test_each_key_may_send_only_what_its_role_sends(tmp_path):
         as_other = by_key[c._map.keys[2]]  # a live node's key, sending as node 0
         senders = {"client-1": [(forged, "forbidden"), ({"op": "invalidate", "table": "t"}, "forbidden"),
                                 ({"op": "rollback", "source": c.source(0), "window": 0, "clients": {}}, "forbidden"),
-                                (promise, "replaced"), (degraded, "replaced")],  # node 0 is alive: not degraded
+                                (promise, "replaced"), (degraded, "replaced"),  # node 0 is alive: not degraded
+                                ({"op": "freeze"}, "forbidden"), ({"op": "hand_over"}, "forbidden")],
                    "decider-1": [(forged, "forbidden"), (snapshot, "forbidden")],
                    next(n[:-5] for n in unused if n.startswith("node-")): [(forged, "forbidden")],
-                   as_other: [(forged, "forbidden"), (snapshot, "forbidden")]}
+                   as_other: [(forged, "forbidden"), (snapshot, "forbidden"), ({"op": "hand_over"}, "forbidden")]}
         for name, headers in senders.items():
             channel = ZmqChannel(c.endpoints[holder], zmq.Context.instance(), load(name), connect_timeout=10.0)
             try:
