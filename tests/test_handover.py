@@ -134,3 +134,31 @@ def test_a_bad_state_is_refused(tmp_path, damage):
             arrays = arrays[:2]
         with pytest.raises(InvalidRequest):
             handover.restore(state, arrays, node.config)
+
+
+def test_rows_copied_while_the_node_serves_and_the_changed_ones_after_make_the_same_node(tmp_path):
+    """`copy_rows` while the node serves; then writes, reads that compute rows' initial values, a checkpoint
+    (which clears other flags), a window closed; `export` of only the rows changed since, laid over the copy,
+    gives the same node as a whole export — and carries far fewer rows."""
+    cluster, client = trained_cluster(tmp_path)
+    with cluster, client:
+        client.create_table("d", num_rows=900, dim=4, init="normal")  # its rows' initial values not computed yet
+        node = cluster.node(3)
+        head, rows = wire(*handover.copy_rows(node))
+        rows = handover.copied_rows(head, rows)
+        rng = np.random.default_rng(3)
+        ids = rng.choice(5000, size=200, replace=False)
+        client.apply_gradient("a", ids, rng.normal(size=(200, 8)).astype(np.float32))
+        client.get("d", np.arange(0, 900, 3))  # initial values computed on first use: changed rows too
+        client.checkpoint(str(tmp_path / "ck2"), policy="incremental")
+        client.checkpoint_wait(timeout=60)
+        client.flush()
+        state, arrays = handover.export(node, copied=set(rows))
+        copy = handover.restore(*wire(state, arrays), node.config, rows=rows)
+        same(node, copy)
+        whole = handover.export(node)[1]
+        assert sum(a.nbytes for a in arrays) < sum(a.nbytes for a in whole) * 0.7
+        changed = {e["spec"]["name"]: arrays[e["changed"][0]].size for e in state["shards"]}
+        assert 0 < changed["a"] <= 200 and changed["b"] == 0 and 0 < changed["d"] <= 300
+        with pytest.raises(InvalidRequest, match="not copied"):
+            handover.restore(state, arrays, node.config, rows={})

@@ -323,7 +323,14 @@ class Decider:
         change gives that identity the spare's endpoint (peers resend what it did not acknowledge), and the
         node is told to stop. Anything that fails before the map change thaws the node (a later step tries
         again); a decider that dies meanwhile leaves it frozen, and the next one thaws it (`plans.frozen`)."""
-        endpoint, began = m.endpoints[p], clock.monotonic()
+        endpoint, copying = m.endpoints[p], clock.monotonic()
+        ok, _ = self._ask({endpoint: (HandOver(rows=True, token=self.token).header(), [])}, HANDOVER_TIMEOUT)
+        copied = endpoint in ok  # the rows, while the node serves: only those changed since cross once it is frozen
+        if copied:
+            header = TakeOver(state=ok[endpoint][0]["state"], config=m.config, rows=True, token=self.token).header()
+            ok, _ = self._ask({spare: (header, ok[endpoint][1])}, HANDOVER_TIMEOUT)
+            copied = spare in ok
+        began = clock.monotonic()
         ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
         deadline = began + HANDOVER_FLUSH
         while endpoint in ok and ok[endpoint][0].get("not_ready") and clock.monotonic() < deadline:
@@ -331,7 +338,7 @@ class Decider:
             ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
         state, times = None, [clock.monotonic()]
         if endpoint in ok and not ok[endpoint][0].get("not_ready"):
-            ok, _ = self._ask({endpoint: (HandOver(token=self.token).header(), [])}, HANDOVER_TIMEOUT)
+            ok, _ = self._ask({endpoint: (HandOver(copied=copied, token=self.token).header(), [])}, HANDOVER_TIMEOUT)
             state = ok.get(endpoint)
             times.append(clock.monotonic())
         why = "it did not get quiet" if state is None or "state" not in state[0] else None
@@ -359,8 +366,8 @@ class Decider:
         self.handovers_failed.pop(endpoint, None)
         size = sum(a.nbytes for a in state[1]) / 2**20
         self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare} "
-                 f"({size:.1f} MiB; frozen {clock.monotonic() - began:.2f} s: flush {times[0] - began:.2f}, state out "
-                 f"{times[1] - times[0]:.2f}, in {times[2] - times[1]:.2f})")
+                 f"(rows copied in {began - copying:.2f} s; then frozen {clock.monotonic() - began:.2f} s: flush "
+                 f"{times[0] - began:.2f}, {size:.1f} MiB out {times[1] - times[0]:.2f}, in {times[2] - times[1]:.2f})")
         self._stop(endpoint)
         return True
 

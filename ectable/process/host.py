@@ -43,6 +43,8 @@ class NodeHost:
         self.frozen = False  # a drain's handover: the node changes no more (`freeze`)
         self.handed = False  # its state was handed over: it answers nothing but `moved`
         self.pending: Node | None = None  # a spare: the node it takes over once a map gives it that position
+        self.copied_rows: dict | None = None  # a spare: the rows of the node it takes over, copied while it served
+        self.copied: set[str] = set()  # the tables whose rows this node gave a spare before it was frozen
 
     def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:
         """Answer one request (sent with CURVE key `key`): a control op here, anything else by the node."""
@@ -87,8 +89,12 @@ class NodeHost:
         if msg.op == "take_over":
             if self.node is not None:
                 return messages.error(ErrorCode.INVALID, f"this node holds position {self.node.position}: no spare"), []
+            rows, self.copied_rows = self.copied_rows, None
             try:
-                self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config))
+                if msg.rows:
+                    self.copied_rows = handover.copied_rows(msg.state, list(arrays))
+                    return {}, []
+                self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config), rows)
             except (InvalidRequest, TypeError, ValueError) as exc:
                 return messages.error(ErrorCode.INVALID, f"take_over: {exc}"), []
             self.pending.lazy_close = self.lazy_close
@@ -102,10 +108,14 @@ class NodeHost:
             if self.frozen:
                 self.node.close_window()
             return {"unacked": len(self.node.unacked), "not_ready": handover.ready(self.node)}, []
+        if msg.rows:  # the bulk, copied while the node serves
+            state, out = handover.copy_rows(self.node)
+            self.copied = set(state["tables"])
+            return {"state": state}, out
         if not self.frozen:
             return messages.error(ErrorCode.INVALID, "hand_over needs a frozen node (freeze)"), []
         try:
-            state, out = handover.export(self.node)
+            state, out = handover.export(self.node, self.copied if msg.copied else ())
         except InvalidRequest as exc:  # not quiet yet
             return messages.error(ErrorCode.INVALID, str(exc)), []
         self.handed = True

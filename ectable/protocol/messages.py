@@ -337,7 +337,11 @@ class Freeze(Request):
 
 @request("hand_over")
 class HandOver(Request):
-    """A frozen node's whole state (`storage.handover`): header "state", and its arrays."""
+    """A frozen node's whole state (`storage.handover`): header "state", and its arrays; `copied`: of the tables
+    whose rows were copied before, only the rows changed since. With `rows`, the node need not be frozen: its
+    data rows as they are (rows changed from now on are flagged)."""
+    rows: bool = False
+    copied: bool = False
     token: str | None = None
     node: str | None = None
 
@@ -345,9 +349,12 @@ class HandOver(Request):
 @request("take_over")
 class TakeOver(Request):
     """To a spare: the `state` (arrays: its arrays) of the node whose place it takes, with the cluster's
-    `config`; it holds that node, unseen, until a map gives it the position under that identity."""
+    `config`; it holds that node, unseen, until a map gives it the position under that identity. With `rows`,
+    the node's data rows copied before it was frozen (`state` {"tables": names}), which the state laid over
+    them completes."""
     state: dict
     config: dict
+    rows: bool = False
     token: str | None = None
     node: str | None = None
 

@@ -11,6 +11,12 @@ processes' clocks have nothing in common.
 
 `ready(node)` says why a node cannot be exported now (None: it can): only a node with nothing in
 flight moves, so nothing in flight has to.
+
+The data rows are most of a node's memory. So that the node is frozen only for as long as its
+parity and the rows that changed take to cross, `copy_rows(node)` first gives every table's rows as
+they are while the node still serves, and flags rows changed from then on (`window.SINCE_COPY`);
+`export(node, copied)` then carries only those of the copied tables, and `restore(..., rows)`
+lays them over the copy.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from ..errors import InvalidRequest
 from .node import Node
 from .snapshots import Writer
 from .table import TableSpec
+from .window import SINCE_COPY
 
 VERSION = 1
 
@@ -45,8 +52,27 @@ def ready(node: Node) -> str | None:
     return None
 
 
-def export(node: Node) -> tuple[dict, list]:
-    """(header, arrays) of everything `node` holds; `ready(node)` must be None."""
+def copy_rows(node: Node) -> tuple[dict, list]:
+    """({"tables": names}, their data rows) as they are now, the node serving on; rows changed from now on
+    are flagged. The arrays are the node's own (not copies): a row changed while they are read is flagged."""
+    names = list(node.shards)
+    for shard in node.shards.values():
+        shard.window.dirty &= np.uint8(~SINCE_COPY & 0xFF)
+    return {"tables": names}, [node.shards[name].records for name in names]
+
+
+def copied_rows(state: dict, arrays: list) -> dict:
+    """{table: rows} of a `copy_rows` reply, checked for form (shapes are checked by `restore`)."""
+    names = state.get("tables") if isinstance(state, dict) else None
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(names) == len(arrays)
+            and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2 for a in arrays)):
+        raise InvalidRequest("copied rows must be {tables: [names]} with one float32 [rows, width] array each")
+    return dict(zip(names, arrays))
+
+
+def export(node: Node, copied=frozenset()) -> tuple[dict, list]:
+    """(header, arrays) of everything `node` holds; `ready(node)` must be None. Of the tables in `copied`
+    (given by `copy_rows` before), only the rows changed since."""
     why = ready(node)
     if why is not None:
         raise InvalidRequest(f"node {node.position} cannot hand over: {why}")
@@ -62,7 +88,10 @@ def export(node: Node) -> tuple[dict, list]:
 
     shards = []
     for name, s in node.shards.items():
-        shards.append({"spec": s.spec.get_config(), "records": put(s.records), "parity": put(s.parity),
+        changed = np.flatnonzero(s.window.dirty & SINCE_COPY) if name in copied else None
+        rows = None if changed is None else [put(changed), put(s.records[changed])]
+        shards.append({"spec": s.spec.get_config(), "records": None if rows else put(s.records), "changed": rows,
+                       "parity": put(s.parity),
                        "versions": put(s.versions), "flags": put(s.window.dirty), "marks": s.marks,
                        "fresh": maybe(s.fresh), "fresh_parity": maybe(s.fresh_parity), "left": list(s._fresh_left)})
     retained = {source: [[w, now - arrival, rows, [[table, put(ids), put(delta), *map(put, slots)]
@@ -89,17 +118,18 @@ def export(node: Node) -> tuple[dict, list]:
     return state, arrays
 
 
-def restore(state: dict, arrays: list, config: ClusterConfig, clock=None) -> Node:
-    """The node `export` described, on this process: the same identity at the same position."""
+def restore(state: dict, arrays: list, config: ClusterConfig, rows: dict | None = None, clock=None) -> Node:
+    """The node `export` described, on this process: the same identity at the same position (`rows`: the
+    `copied_rows` its changed rows go over)."""
     if not isinstance(state, dict) or state.get("version") != VERSION:
         raise InvalidRequest(f"handover state must be version {VERSION}")
     try:
-        return _restore(state, arrays, config, clock)
+        return _restore(state, arrays, config, rows or {}, clock)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise InvalidRequest(f"bad handover state: {type(exc).__name__}: {exc}") from None
 
 
-def _restore(state: dict, arrays: list, config: ClusterConfig, clock) -> Node:
+def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, clock) -> Node:
     node = Node(state["position"], config, clock=clock)
     now = node.clock()
 
@@ -112,7 +142,16 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, clock) -> Node:
     for entry in state["shards"]:
         node.op_create_table(_Spec(entry["spec"]), [])
         s = node.shards[TableSpec.from_config(entry["spec"]).name]
-        s.records[:] = get(entry["records"], s.records)
+        if entry["changed"] is None:
+            s.records[:] = get(entry["records"], s.records)
+        else:  # the copy taken while the node served, and the rows changed since
+            base, changed = rows.get(s.spec.name), get(entry["changed"][0])
+            if base is None or base.shape != s.records.shape:
+                raise ValueError(f"table {s.spec.name!r}: its rows were not copied, or not all of them")
+            if changed.dtype != np.int64 or changed.ndim != 1 or changed.size and changed.min() < 0:
+                raise ValueError(f"table {s.spec.name!r}: changed rows must be int64 offsets")
+            s.records[:] = base
+            s.records[changed] = get(entry["changed"][1], s.records[:changed.size])
         s.parity[:] = get(entry["parity"], s.parity)
         s.versions[:] = get(entry["versions"], s.versions)
         s.window.dirty[:] = get(entry["flags"], s.window.dirty)

@@ -10,7 +10,7 @@ from .optimizers import write_rows
 from .parity import delta_slots
 from ..layout import Layout
 from .table import TableSpec
-from .window import Window
+from .window import SINCE_COPY, Window
 
 
 
@@ -90,6 +90,7 @@ class Shard:
         if hit.any():
             pick = np.unique(local[hit])
             self.records[pick, : self.dim] = self._initial(self.layout.data_ids(self.node, pick))
+            self.window.dirty[pick] |= SINCE_COPY
             self._computed(0, pick)
 
     def _compute_parity(self, local) -> None:
@@ -220,6 +221,7 @@ class Shard:
         for frozen in self.frozen:
             frozen.save(local[todo])
         self.records[local[todo]] = records[todo]
+        self.window.dirty[local[todo]] |= SINCE_COPY
         self._computed(0, local[todo])
         self.missing_data[local[todo]] = False
         self._settle()

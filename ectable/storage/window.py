@@ -7,6 +7,7 @@ import numpy as np
 
 
 IN_WINDOW, SINCE_CHECKPOINT, SINCE_FULL, WRITTEN = 1, 2, 4, 8  # the flag bits
+SINCE_COPY = 16  # changed since a handover copied the rows (`storage.handover.copy_rows`), initial values computed too
 CHECKPOINT_BITS = SINCE_CHECKPOINT | SINCE_FULL | WRITTEN
 
 
@@ -38,7 +39,7 @@ class Window:
         """Unique rows `local` change from records `old` to `new` (float32 [n, width]): add to their deltas."""
         change = old.view(np.uint32) ^ new.view(np.uint32)
         flags = self.dirty[local]
-        self.dirty[local] = flags | (IN_WINDOW | CHECKPOINT_BITS)
+        self.dirty[local] = flags | (IN_WINDOW | CHECKPOINT_BITS | SINCE_COPY)
         again = (flags & IN_WINDOW).astype(bool)
         if again.any():  # written before in this window: the deltas add up
             self._delta[self._slots(local[again])] ^= change[again]
@@ -94,4 +95,4 @@ class Window:
 
     def checkpointed(self, full: bool = False) -> None:
         """A checkpoint (`full`: a full one) took every row as it is now: none counts as written since."""
-        self.dirty &= np.uint8(IN_WINDOW | WRITTEN if full else IN_WINDOW | SINCE_FULL | WRITTEN)
+        self.dirty &= np.uint8((IN_WINDOW | WRITTEN if full else IN_WINDOW | SINCE_FULL | WRITTEN) | SINCE_COPY)
