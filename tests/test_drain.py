@@ -164,7 +164,8 @@ def test_a_handover_that_fails_changes_nothing_and_is_tried_again():
     """Nodes in this process: the map change that ends a handover fails once (as when another change comes
     first); the node is thawed and keeps its position, the spare that took the state drops it and is free again,
     nothing is lost; the next step hands the node over. A node left frozen (its decider died half way) is
-    thawed by the next step."""
+    thawed by the next step, only once the map was written again: a handover begun on an older map can then no
+    longer move it."""
     with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as cluster:
         trainer = Trainer(cluster.connect(), "t", rows=3000, dim=8, seed=9)
         trainer.train(rounds=2)
@@ -190,9 +191,11 @@ def test_a_handover_that_fails_changes_nothing_and_is_tried_again():
         trainer.check("after the handover")
 
         host = cluster._hosts[cluster.endpoints[3]]
-        host.handle(Freeze(token=decider.token).header(), [])
+        host.handle(Freeze(epoch=cluster.epoch, token=decider.token).header(), [])
         assert host.frozen and host.beat()["frozen"]
-        cluster.decide()
+        refused = host.handle(Freeze(on=False, epoch=cluster.epoch, token=decider.token).header(), [])[0]
+        assert "a thaw needs a later" in refused["message"] and host.frozen  # a handover on this map may go on
+        cluster.decide()  # writes the map again, then thaws it
         assert not host.frozen
         trainer.train(rounds=1)
         trainer.recovered(cluster)

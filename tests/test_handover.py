@@ -162,3 +162,22 @@ def test_rows_copied_while_the_node_serves_and_the_changed_ones_after_make_the_s
         assert 0 < changed["a"] <= 200 and changed["b"] == 0 and 0 < changed["d"] <= 300
         with pytest.raises(InvalidRequest, match="not copied"):
             handover.restore(state, arrays, node.config, rows={})
+
+
+def test_a_handover_uses_only_the_last_copy_of_the_rows(tmp_path):
+    """Two deciders (one deposed) may copy a node's rows in turn: the flags then count from the later copy, so an
+    export against the earlier one is refused, and a thaw needs a later map than the freeze."""
+    cluster, client = trained_cluster(tmp_path)
+    with cluster, client:
+        host, token = cluster._hosts[cluster.endpoints[4]], cluster.decider.token
+        first = host.handle(messages.HandOver(rows=True, token=token).header(), [])[0]["copy"]
+        second = host.handle(messages.HandOver(rows=True, token=token).header(), [])[0]["copy"]
+        assert second == first + 1
+        host.handle(messages.Freeze(epoch=7, token=token).header(), [])
+        stale = host.handle(messages.HandOver(copied=first, token=token).header(), [])[0]
+        assert "copied again" in stale["message"] and not host.handed
+        reply, arrays = host.handle(messages.HandOver(copied=second, token=token).header(), [])
+        assert all(e["changed"] is not None for e in reply["state"]["shards"]) and host.handed
+        assert "later" in host.handle(messages.Freeze(on=False, epoch=7, token=token).header(), [])[0]["message"]
+        assert host.handle(messages.Freeze(on=False, epoch=8, token=token).header(), [])[0]["not_ready"] is None
+        assert not host.frozen and not host.handed

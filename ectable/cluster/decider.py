@@ -126,6 +126,7 @@ class Decider:
             return self._swap(m, m.replace(fenced=m.fenced + tuple(strays))) is not None
         frozen = plans.frozen(m, presence)
         if frozen:
+            self.log(f"epoch {m.epoch}: {frozen} left frozen by a handover that did not finish: thawed")
             return self._thaw(frozen)
         drains = self.store.drains()
         spares = plans.free_spares(m, presence, drains)
@@ -325,17 +326,17 @@ class Decider:
         again); a decider that dies meanwhile leaves it frozen, and the next one thaws it (`plans.frozen`)."""
         endpoint, copying = m.endpoints[p], clock.monotonic()
         ok, _ = self._ask({endpoint: (HandOver(rows=True, token=self.token).header(), [])}, HANDOVER_TIMEOUT)
-        copied = endpoint in ok  # the rows, while the node serves: only those changed since cross once it is frozen
-        if copied:
+        copied = ok[endpoint][0].get("copy", 0) if endpoint in ok else 0  # the rows, while the node serves: only
+        if copied:  # those changed since cross once it is frozen
             header = TakeOver(state=ok[endpoint][0]["state"], config=m.config, rows=True, token=self.token).header()
             ok, _ = self._ask({spare: (header, ok[endpoint][1])}, HANDOVER_TIMEOUT)
-            copied = spare in ok
+            copied = copied if spare in ok else 0
         began = clock.monotonic()
-        ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
+        ok, _ = self._ask({endpoint: (Freeze(epoch=m.epoch, token=self.token).header(), [])})
         deadline = began + HANDOVER_FLUSH
         while endpoint in ok and ok[endpoint][0].get("not_ready") and clock.monotonic() < deadline:
             clock.sleep(0.01)
-            ok, _ = self._ask({endpoint: (Freeze(token=self.token).header(), [])})
+            ok, _ = self._ask({endpoint: (Freeze(epoch=m.epoch, token=self.token).header(), [])})
         state, times = None, [clock.monotonic()]
         if endpoint in ok and not ok[endpoint][0].get("not_ready"):
             ok, _ = self._ask({endpoint: (HandOver(copied=copied, token=self.token).header(), [])}, HANDOVER_TIMEOUT)
@@ -359,8 +360,8 @@ class Decider:
         if why is not None:
             self.log(f"epoch {m.epoch}: handing position {p} over from {endpoint} to {spare} failed ({why}): "
                      f"thawed, to be tried again")
-            self._ask({endpoint: (Freeze(on=False, token=self.token).header(), []),
-                       spare: (self.map_header(m), [])})  # a spare that took the position sees it is not its own
+            self._ask({spare: (self.map_header(m), [])})  # a spare that took the position sees it is not its own
+            self._thaw([endpoint])
             self.handovers_failed[endpoint] = self.handovers_failed.get(endpoint, 0) + 1
             return False
         self.handovers_failed.pop(endpoint, None)
@@ -372,9 +373,13 @@ class Decider:
         return True
 
     def _thaw(self, endpoints: list[str]) -> bool:
-        """Nodes left frozen by a handover that did not finish take writes again."""
-        self.log(f"nodes {endpoints} were left frozen by a handover that did not finish: thawed")
-        self._ask({e: (Freeze(on=False, token=self.token).header(), []) for e in endpoints})
+        """Frozen nodes take writes again. The map is written first (unchanged, at a new epoch), so that a handover
+        of one of them begun on an older map (by a decider deposed meanwhile) can no longer change it; a node
+        frozen since, at that epoch or later, refuses the thaw."""
+        m = self.store.read_map()
+        m = m and self._swap(m, m)
+        if m is not None:
+            self._ask({e: (Freeze(on=False, epoch=m.epoch, token=self.token).header(), []) for e in endpoints})
         return False
 
     def _flush(self, endpoint: str) -> None:

@@ -42,9 +42,10 @@ class NodeHost:
         self.inflight: dict[tuple[int, int], tuple[list, float]] = {}  # (target, seq) -> (frames, last sent)
         self.frozen = False  # a drain's handover: the node changes no more (`freeze`)
         self.handed = False  # its state was handed over: it answers nothing but `moved`
+        self.frozen_at = 0  # the map epoch of the last freeze: only a thaw of a later epoch is taken
         self.pending: Node | None = None  # a spare: the node it takes over once a map gives it that position
         self.copied_rows: dict | None = None  # a spare: the rows of the node it takes over, copied while it served
-        self.copied: set[str] = set()  # the tables whose rows this node gave a spare before it was frozen
+        self.copied: tuple[int, set] = (0, set())  # the last copy of its rows a handover took: number, tables
 
     def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:
         """Answer one request (sent with CURVE key `key`): a control op here, anything else by the node."""
@@ -102,6 +103,11 @@ class NodeHost:
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
         if msg.op == "freeze":
+            if msg.on:
+                self.frozen_at = max(self.frozen_at, msg.epoch)
+            elif self.frozen and msg.epoch <= self.frozen_at:
+                return messages.error(ErrorCode.INVALID, f"frozen at epoch {self.frozen_at}: a thaw needs a later "
+                                                         f"one, not {msg.epoch}"), []
             if msg.on != self.frozen:
                 self.frozen, self.handed = msg.on, False
                 self.announce()
@@ -110,12 +116,14 @@ class NodeHost:
             return {"unacked": len(self.node.unacked), "not_ready": handover.ready(self.node)}, []
         if msg.rows:  # the bulk, copied while the node serves
             state, out = handover.copy_rows(self.node)
-            self.copied = set(state["tables"])
-            return {"state": state}, out
+            self.copied = (self.copied[0] + 1, set(state["tables"]))
+            return {"state": state, "copy": self.copied[0]}, out
         if not self.frozen:
             return messages.error(ErrorCode.INVALID, "hand_over needs a frozen node (freeze)"), []
+        if msg.copied not in (0, self.copied[0]):  # another decider copied them since: their flags are its own
+            return messages.error(ErrorCode.INVALID, f"rows copied again since copy {msg.copied}"), []
         try:
-            state, out = handover.export(self.node, self.copied if msg.copied else ())
+            state, out = handover.export(self.node, self.copied[1] if msg.copied else ())
         except InvalidRequest as exc:  # not quiet yet
             return messages.error(ErrorCode.INVALID, str(exc)), []
         self.handed = True

@@ -328,20 +328,24 @@ class MapUpdate(Request):
 @request("freeze")
 class Freeze(Request):
     """A drain's handover: the node refuses writes, deltas and every other change (`moved`) and closes its
-    window (`on`), or takes them again (`on` false). Answers how many of its deltas wait for an
-    acknowledgement, and why it cannot hand over yet ("not_ready", None once it can)."""
+    window (`on`), or takes them again (`on` false). `epoch`: of the map the decider read; a thaw is taken only
+    with a later epoch than every freeze's (the decider wrote the map first, so that no handover begun before
+    can still move the node). Answers how many of its deltas wait for an acknowledgement, and why it cannot hand
+    over yet ("not_ready", None once it can)."""
     on: bool = True
+    epoch: int = 0
     token: str | None = None
     node: str | None = None
 
 
 @request("hand_over")
 class HandOver(Request):
-    """A frozen node's whole state (`storage.handover`): header "state", and its arrays; `copied`: of the tables
-    whose rows were copied before, only the rows changed since. With `rows`, the node need not be frozen: its
-    data rows as they are (rows changed from now on are flagged)."""
+    """A frozen node's whole state (`storage.handover`): header "state", and its arrays; `copied`: the number of
+    a copy of its rows taken before (0: none), of whose tables only the rows changed since are sent (refused if
+    its rows were copied again since). With `rows`, the node need not be frozen: its data rows as they are (rows
+    changed from now on are flagged), and the copy's number."""
     rows: bool = False
-    copied: bool = False
+    copied: int = 0
     token: str | None = None
     node: str | None = None
 
