@@ -1,5 +1,6 @@
 """What draining a node costs a training loop: the drain hands the node's position, identity and state to a
-spare (no rebuild), and writes to that node wait while it is frozen.
+spare (no rebuild): its rows are copied while it serves, then it is frozen (writes to it wait) while its
+parity and the rows changed meanwhile cross.
 
     python -m bench.drain [--iters 200] [--rows 200000 2000000] [--code xor rs]
 
