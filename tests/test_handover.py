@@ -74,10 +74,10 @@ def trained_cluster(tmp_path):
     return cluster, client
 
 
-def wire(state, arrays):
-    """Through the codec, as a node process would send it."""
+def wire(state, arrays, writable=False):
+    """Through the codec, as a node process would send it (into writable frames, as ZeroMQ's)."""
     frames = codec.encode(state, arrays)
-    return codec.decode([bytes(f) for f in frames])
+    return codec.decode([(bytearray if writable else bytes)(f) for f in frames])
 
 
 def test_a_handed_over_node_is_the_same_node_and_answers_the_same(tmp_path):
@@ -88,6 +88,10 @@ def test_a_handed_over_node_is_the_same_node_and_answers_the_same(tmp_path):
             assert handover.ready(node) is None
             copy = handover.restore(*wire(*handover.export(node)), node.config)
             same(node, copy)
+            state, arrays = wire(*handover.export(node), writable=True)
+            kept = handover.restore(state, arrays, node.config, own=True)  # the wire's arrays, not copies
+            same(node, kept)
+            assert all(any(np.shares_memory(s.parity, a) for a in arrays) for s in kept.shards.values())
         node, copy = cluster.node(1), handover.restore(*handover.export(cluster.node(1)), cluster.node(1).config)
         # what comes next: a write (new, then retried), a read, a window closed into deltas
         ids = np.arange(5000, dtype=np.int64)

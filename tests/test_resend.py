@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import zmq
 
 from ectable.testing.sim.network import Faults, Network, SimChannel
 from ectable.testing.sim.world import World
 from ectable.transport import RESEND_AFTER, Resends, ZmqChannel, codec
+from ectable.transport.base import RESEND_RATE
 from ectable.transport.zeromq import bind_to, make_socket
 
 
@@ -22,6 +24,17 @@ def test_resends_come_after_a_second_then_twice_as_long_each_time():
     resends = Resends(0.0)
     due = [t / 10 for t in range(0, 400) if resends.due(t / 10)]
     assert due == [RESEND_AFTER, 3.0, 7.0, 15.0, 23.0, 31.0, 39.0]
+
+
+def test_a_big_request_is_given_the_time_its_bytes_take_before_it_goes_out_again():
+    """A node's state handed over (hundreds of MB) is not sent again while it still crosses: its first resend
+    waits a second more per RESEND_RATE bytes, and the next ones never come sooner than that."""
+    frames = [b"header", np.zeros(int(3 * RESEND_RATE) - 6, dtype=np.uint8)]  # 3 s worth in all
+    resends = Resends(0.0, frames)
+    due = [t / 10 for t in range(0, 400) if resends.due(t / 10)]
+    assert due == [RESEND_AFTER + 3.0, 12.0, 20.0, 28.0, 36.0]
+    small = Resends(0.0, [b"header", np.zeros(100, dtype=np.uint8)])  # a request's few bytes change nothing
+    assert [t / 10 for t in range(0, 400) if small.due(t / 10)] == [RESEND_AFTER, 3.0, 7.0, 15.0, 23.0, 31.0, 39.0]
 
 
 class _Forgetful:

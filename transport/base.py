@@ -6,22 +6,31 @@ from abc import ABC, abstractmethod
 
 RESEND_AFTER = 1.0  # seconds an unanswered request waits before it is sent again (then twice as long, ...)
 RESEND_MAX = 8.0
+RESEND_RATE = 100e6  # bytes per second a big request is given to cross and be answered before it goes out again
+RESEND_BIG = 1 << 20  # requests from this many bytes are big
 
 
 class Resends:
-    """When an unanswered request goes out again: RESEND_AFTER seconds after it was sent, then after twice
-    as long each time, at most RESEND_MAX apart. A message lost on the way (a connection that broke)
-    then costs a second, not the request's whole deadline; nodes take a request twice as they take
-    it once (writes, deltas and replays carry their numbers)."""
+    """When an unanswered request (`frames`) goes out again: RESEND_AFTER seconds after it was sent, plus a
+    second per RESEND_RATE bytes of it, then after twice as long each time, at most RESEND_MAX apart (or the
+    first gap, if longer), for requests of RESEND_BIG bytes or more. A message lost on the way (a connection that broke) then costs a second, not the
+    request's whole deadline; nodes take a request twice as they take it once (writes, deltas and replays carry
+    their numbers); and a big one (a node's state, handed over) is not sent again while it is still crossing."""
 
-    def __init__(self, now: float):
-        self.at, self.gap = now + RESEND_AFTER, RESEND_AFTER
+    def __init__(self, now: float, frames=()):
+        self.at, self.gap, self.frames = now + RESEND_AFTER, RESEND_AFTER, frames
 
     def due(self, now: float) -> bool:
         """Whether to send again now (and when next)."""
         if now < self.at:
             return False
-        self.gap = min(2 * self.gap, RESEND_MAX)
+        if self.frames is not None:  # sized only once it is late: most requests are answered before
+            size, self.frames = sum(memoryview(f).nbytes for f in self.frames), None
+            if size >= RESEND_BIG:
+                self.gap, self.at = self.gap + size / RESEND_RATE, self.at + size / RESEND_RATE
+                if now < self.at:
+                    return False
+        self.gap = max(self.gap, min(2 * self.gap, RESEND_MAX))
         self.at = now + self.gap
         return True
 

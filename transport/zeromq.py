@@ -148,7 +148,7 @@ class ZmqChannel(Channel):
             if not sent:
                 self._send(frames)
             now = time.monotonic()
-            deadline, resends = now + timeout, Resends(now)
+            deadline, resends = now + timeout, Resends(now, frames)
             while rid not in self._replies:
                 now = time.monotonic()
                 left = deadline - now

@@ -68,6 +68,7 @@ class Decider:
         self.silences: dict[str, int] = {}  # endpoint -> reconcile rounds it did not answer (soft state)
         self.told: dict[str, float] = {}  # endpoint -> when it was last told to stop, being drained (soft state)
         self.handovers_failed: dict[str, int] = {}  # endpoint -> handovers of its position that failed (soft state)
+        self.handing_over: float | None = None  # since when a handover runs (a process keeps the lease alive then)
 
     # -- election ----------------------------------------------------------
     def leading(self) -> bool:
@@ -305,7 +306,11 @@ class Decider:
             return False
         endpoint = m.endpoints[p]
         if self.handovers_failed.get(endpoint, 0) < HANDOVER_TRIES or not ClusterConfig(**m.config).r:
-            return self._hand_over(m, p, spares[0], drains)  # without parity, a failover would lose its rows
+            self.handing_over = clock.monotonic()  # without parity, a failover would lose its rows
+            try:
+                return self._hand_over(m, p, spares[0], drains)
+            finally:
+                self.handing_over = None
         self.log(f"epoch {m.epoch}: {HANDOVER_TRIES} handovers of position {p} failed: failing it over instead")
         self._flush(endpoint)
         presence = self.store.presence()  # the flush took a while: a node may have gone meanwhile
@@ -337,16 +342,22 @@ class Decider:
         while endpoint in ok and ok[endpoint][0].get("not_ready") and clock.monotonic() < deadline:
             clock.sleep(0.01)
             ok, _ = self._ask({endpoint: (Freeze(epoch=m.epoch, token=self.token).header(), [])})
-        state, times = None, [clock.monotonic()]
-        if endpoint in ok and not ok[endpoint][0].get("not_ready"):
-            ok, _ = self._ask({endpoint: (HandOver(copied=copied, token=self.token).header(), [])}, HANDOVER_TIMEOUT)
+        state, times, why = None, [clock.monotonic()], None
+        if endpoint not in ok:
+            why = "it did not answer the freeze"
+        elif ok[endpoint][0].get("not_ready"):
+            why = f"it did not get quiet: {ok[endpoint][0]['not_ready']}"
+        else:
+            ok, _ = self._ask({endpoint: (HandOver(copied=copied, token=self.token).header(), [])},
+                                   HANDOVER_TIMEOUT)
             state = ok.get(endpoint)
             times.append(clock.monotonic())
-        why = "it did not get quiet" if state is None or "state" not in state[0] else None
+            why = None if state is not None else "its state did not come"
         if why is None:
             header = TakeOver(state=state[0]["state"], config=m.config, token=self.token).header()
             ok, _ = self._ask({spare: (header, state[1])}, HANDOVER_TIMEOUT)
             times.append(clock.monotonic())
+            built = ok.get(spare, ({}, []))[0].get("seconds", 0.0)
             if spare in ok:  # the spare takes the position and announces it, the map still giving it to the node
                 ok, _ = self._ask({spare: (self.map_header(m, position=p), [])})
             why = None if ok.get(spare, ({}, []))[0].get("source") == m.sources[p] else f"{spare} did not take it"
@@ -368,7 +379,8 @@ class Decider:
         size = sum(a.nbytes for a in state[1]) / 2**20
         self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare} "
                  f"(rows copied in {began - copying:.2f} s; then frozen {clock.monotonic() - began:.2f} s: flush "
-                 f"{times[0] - began:.2f}, {size:.1f} MiB out {times[1] - times[0]:.2f}, in {times[2] - times[1]:.2f})")
+                 f"{times[0] - began:.2f}, {size:.1f} MiB out {times[1] - times[0]:.2f}, in {times[2] - times[1]:.2f} of "
+                 f"which building the node {built:.2f})")
         self._stop(endpoint)
         return True
 

@@ -2,7 +2,9 @@
 
 Run two or more per cluster: they elect one through etcd, and a new one takes over within
 `ELECTION_TTL` seconds of the acting one's death. It wakes on every change under the
-cluster's prefix (a watch), and at least every `IDLE` seconds.
+cluster's prefix (a watch), and at least every `IDLE` seconds. While it hands a drained node over
+(which copies the node's memory, maybe for longer than the election lease), a thread keeps its
+election lease alive, for `LONG_STEP` seconds at most, through a store client of its own.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import traceback
 
 import zmq
 
-from ..cluster.decider import STORE_GRACE, Decider
+from .. import clock
+from ..cluster.decider import ELECTION_TTL, STORE_GRACE, Decider
 from ..cluster.map import Map
 from ..cluster.store import open_store
 from ..membership import MembershipUnavailable
@@ -23,6 +26,20 @@ from .control import ZmqControl
 from .node_server import die_with_parent
 
 IDLE = 0.25
+LONG_STEP = 300.0  # longest a handover's election lease is kept alive for it (a hung decider is then replaced)
+
+
+def keep_lease_while_busy(decider: Decider, membership: dict, stop: threading.Event) -> None:
+    """Every third of the election TTL: while a handover has run for less than LONG_STEP, keep the decider's
+    lease alive."""
+    store = open_store(membership)
+    while not stop.wait(ELECTION_TTL / 3):
+        since, lease = decider.handing_over, decider.lease
+        if since is not None and lease is not None and clock.monotonic() - since < LONG_STEP:
+            try:
+                store.membership.keepalive(lease)
+            except MembershipUnavailable:
+                pass
 
 
 def run(data: dict, token: str | None, parent: int | None = None) -> None:
@@ -38,8 +55,10 @@ def run(data: dict, token: str | None, parent: int | None = None) -> None:
     name = f"decider/{os.getpid()}/{secrets.token_hex(4)}"
     decider = Decider(store, control, name, token, grace=STORE_GRACE,
                       log=lambda message: print(f"ectable {name}: {message}", file=sys.stderr, flush=True))
-    wake = threading.Event()
+    wake, stop = threading.Event(), threading.Event()
     watch = store.membership.watch(store.prefix + "/", lambda events: wake.set())
+    threading.Thread(target=keep_lease_while_busy, args=(decider, data["membership"], stop), daemon=True,
+                     name="lease-keeper").start()
     print(f"READY {name}", flush=True)
     try:
         while not (parent and os.getppid() != parent):
@@ -54,6 +73,7 @@ def run(data: dict, token: str | None, parent: int | None = None) -> None:
         traceback.print_exc()
         os._exit(70)
     finally:
+        stop.set()
         watch.cancel()
         decider.resign()
         control.close()

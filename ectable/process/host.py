@@ -10,6 +10,8 @@ nodes through it, so both follow maps with the same code.
 """
 from __future__ import annotations
 
+import time
+
 from .. import security
 from ..config import ENDPOINT, ClusterConfig
 from ..errors import InvalidRequest
@@ -27,6 +29,7 @@ FROZEN_TAKES = {"get", "get_many", "get_parity", "missing", "status", "tables", 
 class NodeHost:
     endpoint_pattern = ENDPOINT  # what peers' endpoints look like on this transport
     late_writers = False  # hosts that answer later (node processes) begin a checkpoint's writing once answered
+    owns_arrays = False  # whether a request's arrays are this host's own (decoded from the wire), not a sender's
 
     def __init__(self, endpoint: str, token: str | None):
         self.endpoint, self.token = endpoint, token
@@ -95,11 +98,13 @@ class NodeHost:
                 if msg.rows:
                     self.copied_rows = handover.copied_rows(msg.state, list(arrays))
                     return {}, []
-                self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config), rows)
+                began = time.monotonic()
+                self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config), rows,
+                                                own=self.owns_arrays)
             except (InvalidRequest, TypeError, ValueError) as exc:
                 return messages.error(ErrorCode.INVALID, f"take_over: {exc}"), []
             self.pending.lazy_close = self.lazy_close
-            return {"source": self.pending.source}, []
+            return {"source": self.pending.source, "seconds": time.monotonic() - began}, []
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
         if msg.op == "freeze":

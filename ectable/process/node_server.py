@@ -43,6 +43,7 @@ class NodeServer(NodeHost):
     acknowledged, its presence in the store, its rebuilder, and injected faults."""
 
     late_writers = True  # the trainer waits for the snapshot's answer, not for the writing
+    owns_arrays = True
 
     def __init__(self, bind: str, curve: dict | None = None, parent: int | None = None, token: str | None = None,
                  membership: dict | None = None, metrics: int | None = None):

@@ -62,12 +62,14 @@ def copy_rows(node: Node) -> tuple[dict, list]:
 
 
 def copied_rows(state: dict, arrays: list) -> dict:
-    """{table: rows} of a `copy_rows` reply, checked for form (shapes are checked by `restore`)."""
+    """{table: rows} of a `copy_rows` reply, checked for form (shapes are checked by `restore`), each a copy of
+    this process's own: `restore` takes them as the shards' rows, so the node is not frozen while they are
+    copied."""
     names = state.get("tables") if isinstance(state, dict) else None
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(names) == len(arrays)
             and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2 for a in arrays)):
         raise InvalidRequest("copied rows must be {tables: [names]} with one float32 [rows, width] array each")
-    return dict(zip(names, arrays))
+    return {name: np.array(a) for name, a in zip(names, arrays)}
 
 
 def export(node: Node, copied=frozenset()) -> tuple[dict, list]:
@@ -118,18 +120,20 @@ def export(node: Node, copied=frozenset()) -> tuple[dict, list]:
     return state, arrays
 
 
-def restore(state: dict, arrays: list, config: ClusterConfig, rows: dict | None = None, clock=None) -> Node:
+def restore(state: dict, arrays: list, config: ClusterConfig, rows: dict | None = None, own: bool = False,
+            clock=None) -> Node:
     """The node `export` described, on this process: the same identity at the same position (`rows`: the
-    `copied_rows` its changed rows go over)."""
+    `copied_rows` its changed rows go over). `own`: the arrays are this process's (decoded from the wire), and
+    the node keeps those it can write in place of copies."""
     if not isinstance(state, dict) or state.get("version") != VERSION:
         raise InvalidRequest(f"handover state must be version {VERSION}")
     try:
-        return _restore(state, arrays, config, rows or {}, clock)
+        return _restore(state, arrays, config, rows or {}, own, clock)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise InvalidRequest(f"bad handover state: {type(exc).__name__}: {exc}") from None
 
 
-def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, clock) -> Node:
+def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: bool, clock) -> Node:
     node = Node(state["position"], config, clock=clock)
     now = node.clock()
 
@@ -139,22 +143,29 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, clock
             raise ValueError(f"array {i} is {a.dtype}{a.shape}, expected {like.dtype}{like.shape}")
         return a
 
+    def install(holder, name: str, i: int) -> None:
+        a = get(i, getattr(holder, name))
+        if own and a.flags.writeable and a.flags.c_contiguous:
+            setattr(holder, name, a)
+        else:
+            getattr(holder, name)[:] = a
+
     for entry in state["shards"]:
         node.op_create_table(_Spec(entry["spec"]), [])
         s = node.shards[TableSpec.from_config(entry["spec"]).name]
         if entry["changed"] is None:
-            s.records[:] = get(entry["records"], s.records)
+            install(s, "records", entry["records"])
         else:  # the copy taken while the node served, and the rows changed since
             base, changed = rows.get(s.spec.name), get(entry["changed"][0])
             if base is None or base.shape != s.records.shape:
                 raise ValueError(f"table {s.spec.name!r}: its rows were not copied, or not all of them")
             if changed.dtype != np.int64 or changed.ndim != 1 or changed.size and changed.min() < 0:
                 raise ValueError(f"table {s.spec.name!r}: changed rows must be int64 offsets")
-            s.records[:] = base
+            s.records = base
             s.records[changed] = get(entry["changed"][1], s.records[:changed.size])
-        s.parity[:] = get(entry["parity"], s.parity)
-        s.versions[:] = get(entry["versions"], s.versions)
-        s.window.dirty[:] = get(entry["flags"], s.window.dirty)
+        install(s, "parity", entry["parity"])
+        install(s, "versions", entry["versions"])
+        install(s.window, "dirty", entry["flags"])
         s.marks = dict(entry["marks"])
         s.fresh = None if entry["fresh"] is None else get(entry["fresh"]) != 0
         s.fresh_parity = None if entry["fresh_parity"] is None else get(entry["fresh_parity"]) != 0

@@ -28,6 +28,7 @@ DECIDER_IDLE = 0.25  # as `decider_process.IDLE`
 
 class SimNodeHost(NodeHost):
     endpoint_pattern = re.compile(r"^sim://node-\d+$")
+    owns_arrays = True  # decoded from its own frames, as a node process's
 
     def __init__(self, world: World, network: Network, store: ClusterStore, endpoint: str, token: str, cluster_of):
         super().__init__(endpoint, token)

@@ -117,7 +117,7 @@ class SimChannel(Channel):
 
     def _wait(self, rid, frames, timeout):
         world = self.network.world
-        deadline, resends = world.now + timeout, Resends(world.now)
+        deadline, resends = world.now + timeout, Resends(world.now, frames)
         alive = self._alive
         while rid not in self._replies:
             if alive is not None and not alive():
