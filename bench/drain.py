@@ -29,7 +29,9 @@ def run(code: str, rows: int, iters: int, batch: int = 512, dim: int = 16) -> li
     with ectable.LocalCluster(nodes=k + r, code=code, k=k, r=r, spares=1) as cluster:
         client = cluster.connect()
         client.create_table("t", num_rows=rows, dim=dim, optimizer="adagrad", lr=0.05, seed=0)
-        client.put("t", np.arange(rows), rng.standard_normal((rows, dim)).astype(np.float32))  # every row real
+        for start in range(0, rows, 1 << 20):  # every row real
+            ids = np.arange(start, min(rows, start + (1 << 20)))
+            client.put("t", ids, rng.standard_normal((ids.size, dim)).astype(np.float32))
         state_mib = client.status()["nodes"][2]["bytes"] / 2**20
 
         def iteration() -> float:

@@ -170,14 +170,19 @@ def test_rows_copied_while_the_node_serves_and_the_changed_ones_after_make_the_s
 
 def test_a_handover_uses_only_the_last_copy_of_the_rows(tmp_path):
     """Two deciders (one deposed) may copy a node's rows in turn: the flags then count from the later copy, so an
-    export against the earlier one is refused, and a thaw needs a later map than the freeze."""
+    export against the earlier one is refused (a copy asked for again, by the same name, flags nothing anew), and
+    a thaw needs a later map than the freeze."""
     cluster, client = trained_cluster(tmp_path)
     with cluster, client:
         host, token = cluster._hosts[cluster.endpoints[4]], cluster.decider.token
-        first = host.handle(messages.HandOver(rows=True, token=token).header(), [])[0]["copy"]
-        second = host.handle(messages.HandOver(rows=True, token=token).header(), [])[0]["copy"]
-        assert second == first + 1
+        first, second = "decider/a/1", "decider/b/1"
+        for copy in (first, second, second):
+            host.handle(messages.HandOver(rows=True, copy=copy, token=token).header(), [])
+            if copy == second:
+                client.apply_gradient("a", np.arange(5000), np.ones((5000, 8), np.float32))
+        assert all((s.window.dirty & handover.SINCE_COPY).any() for s in (host.node.shards["a"],))
         host.handle(messages.Freeze(epoch=7, token=token).header(), [])
+        cluster._deliver()  # the window it closed, to its peers
         stale = host.handle(messages.HandOver(copied=first, token=token).header(), [])[0]
         assert "copied again" in stale["message"] and not host.handed
         reply, arrays = host.handle(messages.HandOver(copied=second, token=token).header(), [])

@@ -17,8 +17,9 @@ class Resends:
     request's whole deadline; nodes take a request twice as they take it once (writes, deltas and replays carry
     their numbers); and a big one (a node's state, handed over) is not sent again while it is still crossing."""
 
-    def __init__(self, now: float, frames=()):
-        self.at, self.gap, self.frames = now + RESEND_AFTER, RESEND_AFTER, frames
+    def __init__(self, now: float, frames=(), again: bool = True):
+        """`again` False: never (a request whose reply is big, for which a repeat costs more than a timeout)."""
+        self.at, self.gap, self.frames = now + RESEND_AFTER if again else float("inf"), RESEND_AFTER, frames
 
     def due(self, now: float) -> bool:
         """Whether to send again now (and when next)."""
@@ -66,8 +67,8 @@ class Channel(ABC):
     """
 
     @abstractmethod
-    def start(self, header: dict, arrays: list) -> Pending:
-        """Send one request."""
+    def start(self, header: dict, arrays: list, again: bool = True) -> Pending:
+        """Send one request (`again`: it may be sent again while unanswered, see `Resends`)."""
 
     def call(self, header: dict, arrays: list, timeout: float) -> tuple[dict, list]:
         """Send one request and wait for its reply."""

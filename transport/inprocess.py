@@ -16,7 +16,7 @@ class InProcessChannel(Channel):
         self._resolve, self._after = resolve, after
         self._lock = lock if lock is not None else contextlib.nullcontext()
 
-    def start(self, header, arrays):
+    def start(self, header, arrays, again=True):
         with self._lock:
             node = self._resolve()
             if node is None:

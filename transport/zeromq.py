@@ -116,7 +116,7 @@ class ZmqChannel(Channel):
                 f"authentication with {self.endpoint} failed ({HANDSHAKE_FAILED[event]}): this client has "
                 f"{has}; connect with the cluster file's [security] section (made by `ectable keygen`)")
 
-    def start(self, header, arrays):
+    def start(self, header, arrays, again=True):
         """Send one request; while the node is not connected (IMMEDIATE refuses to queue), its wait sends it once
         it is, so that a node that is down holds up no request started after it."""
         rid = next(self._ids)
@@ -127,7 +127,7 @@ class ZmqChannel(Channel):
             sent = True
         except zmq.Again:
             sent = False
-        return _ZmqPending(self, rid, frames, sent)
+        return _ZmqPending(self, rid, frames, sent, again)
 
     def _send(self, frames) -> None:
         """Send a request once the node is connected; NodeDown if it is not within `connect_timeout`."""
@@ -143,12 +143,12 @@ class ZmqChannel(Channel):
                     raise NodeDown(f"{self.endpoint} does not accept requests") from None
                 time.sleep(0.005)
 
-    def _wait(self, rid, frames, timeout, sent=True):
+    def _wait(self, rid, frames, timeout, sent=True, again=True):
         try:
             if not sent:
                 self._send(frames)
             now = time.monotonic()
-            deadline, resends = now + timeout, Resends(now, frames)
+            deadline, resends = now + timeout, Resends(now, frames, again)
             while rid not in self._replies:
                 now = time.monotonic()
                 left = deadline - now
@@ -191,8 +191,8 @@ class ZmqChannel(Channel):
 
 
 class _ZmqPending(Pending):
-    def __init__(self, channel, rid, frames, sent):
-        self.channel, self.rid, self.frames, self.sent = channel, rid, frames, sent
+    def __init__(self, channel, rid, frames, sent, again):
+        self.channel, self.rid, self.frames, self.sent, self.again = channel, rid, frames, sent, again
 
     def wait(self, timeout):
-        return self.channel._wait(self.rid, self.frames, timeout, self.sent)
+        return self.channel._wait(self.rid, self.frames, timeout, self.sent, self.again)

@@ -69,6 +69,7 @@ class Decider:
         self.told: dict[str, float] = {}  # endpoint -> when it was last told to stop, being drained (soft state)
         self.handovers_failed: dict[str, int] = {}  # endpoint -> handovers of its position that failed (soft state)
         self.handing_over: float | None = None  # since when a handover runs (a process keeps the lease alive then)
+        self.copies = 0  # copies of nodes' rows it asked for (each handover names its own)
 
     # -- election ----------------------------------------------------------
     def leading(self) -> bool:
@@ -154,9 +155,9 @@ class Decider:
         header = self.map_header(m)
         self.control.call_all({m.endpoints[p]: (header, []) for p in m.live()}, CONTROL_TIMEOUT)
 
-    def _ask(self, requests: dict, timeout: float = CONTROL_TIMEOUT) -> tuple[dict, list]:
+    def _ask(self, requests: dict, timeout: float = CONTROL_TIMEOUT, again: bool = True) -> tuple[dict, list]:
         """({endpoint: (reply, arrays)}, [endpoints that failed])."""
-        answers = self.control.call_all(requests, timeout)
+        answers = self.control.call_all(requests, timeout, again)
         return ({e: a for e, a in answers.items() if not isinstance(a, Exception)},
                 [e for e, a in answers.items() if isinstance(a, Exception)])
 
@@ -330,12 +331,15 @@ class Decider:
         node is told to stop. Anything that fails before the map change thaws the node (a later step tries
         again); a decider that dies meanwhile leaves it frozen, and the next one thaws it (`plans.frozen`)."""
         endpoint, copying = m.endpoints[p], clock.monotonic()
-        ok, _ = self._ask({endpoint: (HandOver(rows=True, token=self.token).header(), [])}, HANDOVER_TIMEOUT)
-        copied = ok[endpoint][0].get("copy", 0) if endpoint in ok else 0  # the rows, while the node serves: only
-        if copied:  # those changed since cross once it is frozen
+        self.copies += 1
+        copy = f"{self.name}/{self.copies}"  # the rows, while the node serves: only those changed since cross
+        ok, _ = self._ask({endpoint: (HandOver(rows=True, copy=copy, token=self.token).header(), [])},
+                          HANDOVER_TIMEOUT, again=False)  # once it is frozen (big replies are not asked twice)
+        copied = copy if endpoint in ok else None
+        if copied:
             header = TakeOver(state=ok[endpoint][0]["state"], config=m.config, rows=True, token=self.token).header()
-            ok, _ = self._ask({spare: (header, ok[endpoint][1])}, HANDOVER_TIMEOUT)
-            copied = copied if spare in ok else 0
+            ok, _ = self._ask({spare: (header, ok[endpoint][1])}, HANDOVER_TIMEOUT, again=False)
+            copied = copied if spare in ok else None
         began = clock.monotonic()
         ok, _ = self._ask({endpoint: (Freeze(epoch=m.epoch, token=self.token).header(), [])})
         deadline = began + HANDOVER_FLUSH
@@ -348,14 +352,14 @@ class Decider:
         elif ok[endpoint][0].get("not_ready"):
             why = f"it did not get quiet: {ok[endpoint][0]['not_ready']}"
         else:
-            ok, _ = self._ask({endpoint: (HandOver(copied=copied, token=self.token).header(), [])},
-                                   HANDOVER_TIMEOUT)
-            state = ok.get(endpoint)
+            answer = self.control.call_all({endpoint: (HandOver(copied=copied, token=self.token).header(), [])},
+                                           HANDOVER_TIMEOUT, again=False)[endpoint]
+            state = None if isinstance(answer, Exception) else answer
             times.append(clock.monotonic())
-            why = None if state is not None else "its state did not come"
+            why = None if state is not None else f"its state did not come: {answer}"
         if why is None:
             header = TakeOver(state=state[0]["state"], config=m.config, token=self.token).header()
-            ok, _ = self._ask({spare: (header, state[1])}, HANDOVER_TIMEOUT)
+            ok, _ = self._ask({spare: (header, state[1])}, HANDOVER_TIMEOUT, again=False)
             times.append(clock.monotonic())
             built = ok.get(spare, ({}, []))[0].get("seconds", 0.0)
             if spare in ok:  # the spare takes the position and announces it, the map still giving it to the node

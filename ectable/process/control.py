@@ -9,8 +9,9 @@ from ..transport import Channel, ZmqChannel
 
 
 class Control:
-    """`call_all({endpoint: (header, arrays)}, timeout)`: all sent at once, one timeout for them all;
-    {endpoint: (reply, arrays), or the NodeDown / Error met}. Subclasses open the channels."""
+    """`call_all({endpoint: (header, arrays)}, timeout, again)`: all sent at once, one timeout for them all
+    (`again`: see `Channel.start`); {endpoint: (reply, arrays), or the NodeDown / Error met}. Subclasses open
+    the channels."""
 
     refused: tuple = ()  # what opening or using a channel to a bad endpoint raises, besides NodeDown
 
@@ -26,14 +27,14 @@ class Control:
         for endpoint in self.channels.keys() - set(endpoints):
             self.channels.pop(endpoint).close()
 
-    def call_all(self, requests: dict, timeout: float) -> dict:
+    def call_all(self, requests: dict, timeout: float, again: bool = True) -> dict:
         pending, out = {}, {}
         for endpoint, (header, arrays) in requests.items():
             try:
                 channel = self.channels.get(endpoint)
                 if channel is None:
                     channel = self.channels[endpoint] = self.open(endpoint, timeout)
-                pending[endpoint] = channel.start(header, list(arrays))
+                pending[endpoint] = channel.start(header, list(arrays), again)
             except NodeDown as exc:
                 out[endpoint] = exc
             except self.refused as exc:  # a bad endpoint, say: as good as dead

@@ -48,7 +48,7 @@ class NodeHost:
         self.frozen_at = 0  # the map epoch of the last freeze: only a thaw of a later epoch is taken
         self.pending: Node | None = None  # a spare: the node it takes over once a map gives it that position
         self.copied_rows: dict | None = None  # a spare: the rows of the node it takes over, copied while it served
-        self.copied: tuple[int, set] = (0, set())  # the last copy of its rows a handover took: number, tables
+        self.copied: tuple[str | None, set] = (None, set())  # the last copy of its rows a handover took: name, tables
 
     def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:
         """Answer one request (sent with CURVE key `key`): a control op here, anything else by the node."""
@@ -120,13 +120,15 @@ class NodeHost:
                 self.node.close_window()
             return {"unacked": len(self.node.unacked), "not_ready": handover.ready(self.node)}, []
         if msg.rows:  # the bulk, copied while the node serves
-            state, out = handover.copy_rows(self.node)
-            self.copied = (self.copied[0] + 1, set(state["tables"]))
-            return {"state": state, "copy": self.copied[0]}, out
+            again = msg.copy is not None and msg.copy == self.copied[0]  # a repeat: the flags stand
+            state, out = handover.copy_rows(self.node, mark=not again)
+            if not again:
+                self.copied = (msg.copy, set(state["tables"]))
+            return {"state": state}, out
         if not self.frozen:
             return messages.error(ErrorCode.INVALID, "hand_over needs a frozen node (freeze)"), []
-        if msg.copied not in (0, self.copied[0]):  # another decider copied them since: their flags are its own
-            return messages.error(ErrorCode.INVALID, f"rows copied again since copy {msg.copied}"), []
+        if msg.copied is not None and msg.copied != self.copied[0]:  # copied since by another: the flags are its own
+            return messages.error(ErrorCode.INVALID, f"rows copied again since copy {msg.copied!r}"), []
         try:
             state, out = handover.export(self.node, self.copied[1] if msg.copied else ())
         except InvalidRequest as exc:  # not quiet yet

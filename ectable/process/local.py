@@ -280,7 +280,7 @@ class _HostControl:
     def keep(self, endpoints) -> None:
         """No channels to close."""
 
-    def call_all(self, requests: dict, timeout: float) -> dict:
+    def call_all(self, requests: dict, timeout: float, again: bool = True) -> dict:
         out = {}
         for endpoint, (header, arrays) in requests.items():
             host = self.hosts.get(endpoint)

@@ -340,12 +340,13 @@ class Freeze(Request):
 
 @request("hand_over")
 class HandOver(Request):
-    """A frozen node's whole state (`storage.handover`): header "state", and its arrays; `copied`: the number of
-    a copy of its rows taken before (0: none), of whose tables only the rows changed since are sent (refused if
-    its rows were copied again since). With `rows`, the node need not be frozen: its data rows as they are (rows
-    changed from now on are flagged), and the copy's number."""
+    """A frozen node's whole state (`storage.handover`): header "state", and its arrays; `copied`: the name of a
+    copy of its rows taken before, of whose tables only the rows changed since are sent (refused if its rows
+    were copied under another name since). With `rows`, the node need not be frozen: its data rows as they are,
+    under the name `copy` (rows changed from now on are flagged; the same name again flags nothing anew)."""
     rows: bool = False
-    copied: int = 0
+    copy: str | None = None
+    copied: str | None = None
     token: str | None = None
     node: str | None = None
 

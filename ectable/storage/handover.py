@@ -52,11 +52,12 @@ def ready(node: Node) -> str | None:
     return None
 
 
-def copy_rows(node: Node) -> tuple[dict, list]:
+def copy_rows(node: Node, mark: bool = True) -> tuple[dict, list]:
     """({"tables": names}, their data rows) as they are now, the node serving on; rows changed from now on
-    are flagged. The arrays are the node's own (not copies): a row changed while they are read is flagged."""
+    are flagged (`mark`; else those changed since the last mark stay flagged, for a repeated request). The
+    arrays are the node's own (not copies): a row changed while they are read is flagged."""
     names = list(node.shards)
-    for shard in node.shards.values():
+    for shard in node.shards.values() if mark else ():
         shard.window.dirty &= np.uint8(~SINCE_COPY & 0xFF)
     return {"tables": names}, [node.shards[name].records for name in names]
 

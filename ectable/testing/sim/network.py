@@ -98,12 +98,12 @@ class SimChannel(Channel):
         self._replies: dict[int, tuple] = {}
         self._waiting: set[int] = set()
 
-    def start(self, header, arrays):
+    def start(self, header, arrays, again=True):
         rid = next(self._ids)
         self._waiting.add(rid)
         frames = codec.encode({**header, "id": rid}, arrays)
         self.network.request(self.owner, self.endpoint, frames, self._reply)
-        return _SimPending(self, rid, frames)
+        return _SimPending(self, rid, frames, again)
 
     def _reply(self, frames) -> None:
         try:
@@ -115,9 +115,9 @@ class SimChannel(Channel):
             self._waiting.discard(rid)
             self._replies[rid] = (header, arrays)
 
-    def _wait(self, rid, frames, timeout):
+    def _wait(self, rid, frames, timeout, again=True):
         world = self.network.world
-        deadline, resends = world.now + timeout, Resends(world.now, frames)
+        deadline, resends = world.now + timeout, Resends(world.now, frames, again)
         alive = self._alive
         while rid not in self._replies:
             if alive is not None and not alive():
@@ -134,11 +134,11 @@ class SimChannel(Channel):
 
 
 class _SimPending(Pending):
-    def __init__(self, channel: SimChannel, rid: int, frames: list):
-        self.channel, self.rid, self.frames = channel, rid, frames
+    def __init__(self, channel: SimChannel, rid: int, frames: list, again: bool):
+        self.channel, self.rid, self.frames, self.again = channel, rid, frames, again
 
     def wait(self, timeout):
-        return self.channel._wait(self.rid, self.frames, timeout)
+        return self.channel._wait(self.rid, self.frames, timeout, self.again)
 
 
 class SimControl(Control):
