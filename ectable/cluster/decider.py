@@ -33,10 +33,11 @@ from .. import clock
 from ..config import ClusterConfig
 from ..errors import Error
 from ..membership import LeaseNotFound
-from ..protocol.messages import (Applied, CreateTable, DropTable, Freeze, HandOver, Holds, Invalidate, MapUpdate,
-                                 Rollback, Shutdown, Sync, Tables, TakeOver)
+from ..protocol.messages import (Applied, CreateTable, DropTable, Freeze, Holds, Invalidate, MapUpdate, Rollback,
+                                 Shutdown, Sync, Tables)
 from ..storage.table import TableSpec
 from . import plans
+from .handover import Handover
 from .map import Map
 from .store import ClusterStore
 
@@ -49,9 +50,7 @@ STORE_GRACE = 3.5  # on etcd, a decider leading again after its lease ran out wa
 # heartbeat; without the wait every node was declared dead at once
 INSTALL_TRIES = 5  # times an install is tried again after a create or drop came between
 FLUSH_SECONDS = 1.0  # longest a drain waits for the leaving node's deltas to be acknowledged before fencing it
-HANDOVER_FLUSH = 5.0  # longest a handover waits for the frozen node to get quiet (its deltas acknowledged)
 HANDOVER_TRIES = 3  # handovers of one node that may fail before its drain fails the position over instead
-HANDOVER_TIMEOUT = 60.0  # longest the transfer of a node's state (to the decider, then to the spare) may take
 RETELL_SECONDS = 5.0  # a node told to stop (drained) whose presence is still there is told again after this long
 SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
 
@@ -155,9 +154,9 @@ class Decider:
         header = self.map_header(m)
         self.control.call_all({m.endpoints[p]: (header, []) for p in m.live()}, CONTROL_TIMEOUT)
 
-    def _ask(self, requests: dict, timeout: float = CONTROL_TIMEOUT, again: bool = True) -> tuple[dict, list]:
+    def _ask(self, requests: dict) -> tuple[dict, list]:
         """({endpoint: (reply, arrays)}, [endpoints that failed])."""
-        answers = self.control.call_all(requests, timeout, again)
+        answers = self.control.call_all(requests, CONTROL_TIMEOUT)
         return ({e: a for e, a in answers.items() if not isinstance(a, Exception)},
                 [e for e, a in answers.items() if isinstance(a, Exception)])
 
@@ -324,54 +323,12 @@ class Decider:
         return True
 
     def _hand_over(self, m: Map, p: int, spare: str, drains: dict) -> bool:
-        """Move position p, its node's identity and everything it holds, to `spare`, with no failure: the node
-        is frozen (it takes no writes or deltas, clients and peers ask again), its window closed and its deltas
-        acknowledged; its state goes to the spare, which takes the position under the same identity; one map
-        change gives that identity the spare's endpoint (peers resend what it did not acknowledge), and the
-        node is told to stop. Anything that fails before the map change thaws the node (a later step tries
-        again); a decider that dies meanwhile leaves it frozen, and the next one thaws it (`plans.frozen`)."""
-        endpoint, copying = m.endpoints[p], clock.monotonic()
-        self.copies += 1
-        copy = f"{self.name}/{self.copies}"  # the rows, while the node serves: only those changed since cross
-        ok, _ = self._ask({endpoint: (HandOver(rows=True, copy=copy, token=self.token).header(), [])},
-                          HANDOVER_TIMEOUT, again=False)  # once it is frozen (big replies are not asked twice)
-        copied = copy if endpoint in ok else None
-        if copied:
-            header = TakeOver(state=ok[endpoint][0]["state"], config=m.config, rows=True, token=self.token).header()
-            ok, _ = self._ask({spare: (header, ok[endpoint][1])}, HANDOVER_TIMEOUT, again=False)
-            copied = copied if spare in ok else None
-        began = clock.monotonic()
-        ok, _ = self._ask({endpoint: (Freeze(epoch=m.epoch, token=self.token).header(), [])})
-        deadline = began + HANDOVER_FLUSH
-        while endpoint in ok and ok[endpoint][0].get("not_ready") and clock.monotonic() < deadline:
-            clock.sleep(0.01)
-            ok, _ = self._ask({endpoint: (Freeze(epoch=m.epoch, token=self.token).header(), [])})
-        state, times, why = None, [clock.monotonic()], None
-        if endpoint not in ok:
-            why = "it did not answer the freeze"
-        elif ok[endpoint][0].get("not_ready"):
-            why = f"it did not get quiet: {ok[endpoint][0]['not_ready']}"
-        else:
-            answer = self.control.call_all({endpoint: (HandOver(copied=copied, token=self.token).header(), [])},
-                                           HANDOVER_TIMEOUT, again=False)[endpoint]
-            state = None if isinstance(answer, Exception) else answer
-            times.append(clock.monotonic())
-            why = None if state is not None else f"its state did not come: {answer}"
-        if why is None:
-            header = TakeOver(state=state[0]["state"], config=m.config, token=self.token).header()
-            ok, _ = self._ask({spare: (header, state[1])}, HANDOVER_TIMEOUT, again=False)
-            times.append(clock.monotonic())
-            built = ok.get(spare, ({}, []))[0].get("seconds", 0.0)
-            if spare in ok:  # the spare takes the position and announces it, the map still giving it to the node
-                ok, _ = self._ask({spare: (self.map_header(m, position=p), [])})
-            why = None if ok.get(spare, ({}, []))[0].get("source") == m.sources[p] else f"{spare} did not take it"
-        if why is None:
-            presence = self.store.presence()
-            if endpoint not in presence or spare not in presence or plans.silent(m, presence):
-                why = "a node went away meanwhile"
-        new = m.with_position(p, endpoint=spare, key=presence.get(spare, {}).get("key")) if why is None else None
-        if why is None and self._swap(m, new, self.store.drain_guard(endpoint, drains[endpoint])) is None:
-            why = "the map changed, or the request was withdrawn"
+        """Move position p, its node's identity and everything it holds, to `spare` (`handover.Handover`), and
+        tell the node to stop. An attempt that fails thaws the node (a later step tries again); a decider that
+        dies meanwhile leaves it frozen, and the next one thaws it (`plans.frozen`)."""
+        endpoint = m.endpoints[p]
+        attempt = Handover(self, m, p, spare, self.store.drain_guard(endpoint, drains[endpoint]))
+        why = attempt.run()
         if why is not None:
             self.log(f"epoch {m.epoch}: handing position {p} over from {endpoint} to {spare} failed ({why}): "
                      f"thawed, to be tried again")
@@ -380,11 +337,7 @@ class Decider:
             self.handovers_failed[endpoint] = self.handovers_failed.get(endpoint, 0) + 1
             return False
         self.handovers_failed.pop(endpoint, None)
-        size = sum(a.nbytes for a in state[1]) / 2**20
-        self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare} "
-                 f"(rows copied in {began - copying:.2f} s; then frozen {clock.monotonic() - began:.2f} s: flush "
-                 f"{times[0] - began:.2f}, {size:.1f} MiB out {times[1] - times[0]:.2f}, in {times[2] - times[1]:.2f} of "
-                 f"which building the node {built:.2f})")
+        self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare} ({attempt.summary()})")
         self._stop(endpoint)
         return True
 
