@@ -189,24 +189,23 @@ class ClusterMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.lost)
     @rule(data=st.data())
     def drain(self, data):
-        """An operator drains a node once every position is up: its position goes to a spare if one is free (and
-        counts as lost until rebuilt: the rebuild takes one failure's worth of redundancy); with none, the drain
-        gives up and changes nothing."""
+        """An operator drains a node once every position is up: if a spare is free, the node is handed over to it,
+        with or without parity (the same identity at another endpoint; nothing lost, every position stays up);
+        with none, the drain gives up and changes nothing."""
         self._settle_others()
         p = data.draw(st.sampled_from(range(self.nodes)))
-        source, epoch = self.client._sources.get(p), self.cluster.epoch
-        if self.cluster.spares_left() == 0 or self.r == 0:
+        source, epoch, leaving = self.cluster.source(p), self.cluster.epoch, self.cluster.endpoints[p]
+        if self.cluster.spares_left() == 0:
             try:
                 self.cluster.drain(p, timeout=0.1)
             except Error as exc:
-                assert ("no free spare" if self.r else "no parity") in str(exc) and self.cluster.epoch == epoch, exc
+                assert "no free spare" in str(exc) and self.cluster.epoch == epoch, exc
                 event("a drain without a spare gave up")
                 return
             raise AssertionError("a drain without a spare went ahead")
         self.cluster.drain(p)
-        self.killed[p] = source
-        self.lost.add(p)
-        self.killed_while_writing.add(p)
+        moved = (self.cluster.source(p), self.cluster.state(p), self.cluster.endpoints[p] != leaving)
+        assert moved == (source, "up", True), moved
         event("drained")
 
     @rule()
