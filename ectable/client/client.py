@@ -727,11 +727,11 @@ class Client:
             self._finish_steps()
         deadline, pause = None, 0.002
         while True:
-            endpoint = self.cluster.endpoints[p]
+            channel = self.cluster.channel(p)
             try:
-                reply = self.cluster.channel(p).call(header, arrays, DEADLINE)
+                reply = channel.call(header, arrays, DEADLINE)
             except NodeDown as exc:
-                if self._handed_over(p, endpoint):
+                if self._handed_over(p, channel):
                     continue
                 exc.position = p
                 raise
@@ -752,10 +752,11 @@ class Client:
                 pause = min(pause * 2, 0.05)
                 self.cluster.refresh()
 
-    def _handed_over(self, p, endpoint: str) -> bool:
-        """Whether node p, which did not answer at `endpoint`, is the same node at another endpoint now."""
+    def _handed_over(self, p, channel) -> bool:
+        """Whether node p, which did not answer on `channel`, is the same node at another endpoint now (channels
+        are one per endpoint)."""
         self.cluster.refresh()
-        return self.cluster.endpoints[p] != endpoint and self.cluster.source(p) == self._sources.get(p) \
+        return self.cluster.channel(p) is not channel and self.cluster.source(p) == self._sources.get(p) \
             and self.cluster.state(p) != "dead"
 
     def _check_reply(self, p, reply, out):
