@@ -8,7 +8,6 @@ overhead is in the figures). `--repeat` runs; each is a column.
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 import time
@@ -17,7 +16,7 @@ import ectable
 
 from .common import report
 from .train_loop import create_tables, iteration
-from .workloads import WORKLOADS
+from .workloads import WORKLOADS, profile_args
 
 WARMUP = 5
 # category: (file, function, the caller it is counted under, or None for every caller)
@@ -57,12 +56,7 @@ def profiled(work) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workload", default="criteo", choices=sorted(WORKLOADS))
-    parser.add_argument("--scale", type=float, default=0.1)
-    parser.add_argument("--iters", type=int, default=40)
-    parser.add_argument("--repeat", type=int, default=2)
-    args = parser.parse_args()
+    args = profile_args(__doc__.splitlines()[0])
     work = WORKLOADS[args.workload](args.iters + WARMUP, args.scale)
     runs = [profiled(work) for _ in range(args.repeat)]
     print(f"\n{work.describe()}; xor(4,1) on 6 node processes, no model step, ms per iteration (cProfile)")

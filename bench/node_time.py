@@ -9,7 +9,6 @@ the nodes. Each store runs `--repeat` times; the run with the lowest parity tota
 """
 from __future__ import annotations
 
-import argparse
 import time
 from collections import defaultdict
 
@@ -18,7 +17,7 @@ from ectable.storage.node import Node
 
 from .common import report
 from .train_loop import create_tables
-from .workloads import WORKLOADS
+from .workloads import WORKLOADS, profile_args
 
 PARITY = ["close_window", "op_delta", "apply_queued"]  # what a code with parity adds
 SHARED = ["op_get_many", "op_write"]
@@ -60,12 +59,7 @@ def timed(work, code: str, k: int, r: int) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workload", default="criteo", choices=sorted(WORKLOADS))
-    parser.add_argument("--scale", type=float, default=0.1)
-    parser.add_argument("--iters", type=int, default=40)
-    parser.add_argument("--repeat", type=int, default=2)
-    args = parser.parse_args()
+    args = profile_args(__doc__.splitlines()[0])
     work = WORKLOADS[args.workload](args.iters, args.scale)
     rows = []
     for code, k, r in STORES:

@@ -102,6 +102,16 @@ def zipf(iters: int, scale: float = 1.0, seed: int = 0, per_batch: int = 20_000)
 WORKLOADS = {"criteo": criteo, "movielens": movielens, "zipf": zipf}
 
 
+def profile_args(description: str | None = None) -> argparse.Namespace:
+    """The options of the per-iteration profiles (`node_time`, `client_time`): workload, scale, iterations, runs."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--workload", default="criteo", choices=sorted(WORKLOADS))
+    parser.add_argument("--scale", type=float, default=0.1)
+    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--repeat", type=int, default=2)
+    return parser.parse_args()
+
+
 def measure(sizes: dict[str, int], batches: int = 200, seed: int = 1) -> dict:
     """Measured skew (share of accesses that went to the hottest 1% of all rows) and unique rows per batch."""
     counts = {name: np.zeros(rows, dtype=np.int64) for name, rows in sizes.items()}
