@@ -1,4 +1,4 @@
-"""The `ectable` command: node, node drain, spare add, decider, up, down, status, keygen, checkpoint list|inspect, restore, export."""
+"""The `ectable` command: node, node add, node drain, spare add, decider, up, down, status, keygen, checkpoint list|inspect, restore, export."""
 from __future__ import annotations
 
 import argparse
@@ -83,6 +83,68 @@ def cmd_drain(args) -> None:
             time.sleep(0.5)
     finally:
         store.membership.close()
+
+
+def cmd_add(args) -> None:
+    from .cluster.store import open_store
+    path = args.add_config or args.config or "cluster.toml"
+    data = cluster_config.load(path)
+    if "membership" not in data:
+        raise CommandError("node add needs a cluster file with a [membership] section (etcd endpoints, prefix)")
+    position, endpoint = cluster_config.find_node(data, args.target)
+    name = f"{args.target} ({endpoint})"
+    if position is not None:
+        raise CommandError(f"{name} is listed as a node already: `ectable spare add` lists a new one as a spare first")
+    store = open_store(data["membership"])
+    try:
+        if args.cancel:
+            if endpoint not in store.grows():
+                raise CommandError(f"no adding of {name} is asked for")
+            store.cancel_grow(endpoint)
+            print(f"withdrew the adding of {name}")
+            return
+        m = store.read_map()
+        if m is None:
+            raise CommandError("the store holds no cluster map: is the cluster up?")
+        if endpoint not in m.endpoints:
+            if endpoint not in store.presence():
+                raise CommandError(f"{name} is not running: start it on its host first (`ectable node --config "
+                                   f"{path} --name {args.target}`)")
+            store.request_grow(endpoint)
+            print(f"asked to add {name} as position {m.nodes}: the cluster is laid out again over {m.nodes + 1} "
+                  f"positions while it serves", flush=True)
+        deadline, said = time.monotonic() + args.timeout, None
+        while endpoint not in m.endpoints:
+            grows = store.grows()
+            if endpoint not in grows:
+                raise CommandError(f"the adding of {name} was withdrawn (`--cancel`, or attempts that failed: see "
+                                   f"the decider's log)")
+            now = _grow_waits(m, store.presence(), endpoint)
+            if now != said:
+                print(now, flush=True)
+                said = now
+            if time.monotonic() > deadline:
+                raise CommandError(f"not added within {args.timeout:g} s ({now}); the request stands: withdraw it "
+                                   f"with --cancel")
+            time.sleep(0.5)
+            m = store.read_map()
+        p = m.endpoints.index(endpoint)
+        cluster_config.write_private(path, cluster_config.with_node(data, args.target, m.nodes))
+        print(f"{name} holds position {p}, {m.states[p]}: {m.nodes} positions; {path} lists it as a node now")
+    finally:
+        store.membership.close()
+
+
+def _grow_waits(m, presence: dict, endpoint: str) -> str:
+    """What an asked-for grow waits for now."""
+    for p, state in enumerate(m.states):
+        if state != "up":
+            return f"waiting: position {p} is {state}; the cluster grows once every position is up"
+    if m.failing:
+        return f"waiting: position {m.failing[0][0]} is being reconciled"
+    if endpoint not in presence:
+        return "waiting for the node to announce itself"
+    return "the decider lays the cluster out again"
 
 
 def cmd_spare(args) -> None:
@@ -262,11 +324,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand and option, each with its help text."""
     parser = argparse.ArgumentParser(prog="ectable", description="erasure-coded embedding-table storage")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("node", help="run one storage node, or drain one (`ectable node drain NAME`)")
-    actions = p.add_subparsers(dest="action", metavar="{drain}", help="drain: take node NAME out of the cluster "
-                               "(`ectable node drain --help`); without it: run a node")
-    d = actions.add_parser("drain", help="hand node NAME's position to a free spare (which rebuilds it as after a "
-                           "failure), then stop the node; waits until the spare is up and the node gone")
+    p = sub.add_parser("node", help="run one storage node, add one (`ectable node add NAME`) or drain one "
+                       "(`ectable node drain NAME`)")
+    actions = p.add_subparsers(dest="action", metavar="{add,drain}", help="add: make spare NAME one more active "
+                               "node; drain: take node NAME out of the cluster (`--help` of each); without them: "
+                               "run a node")
+    a = actions.add_parser("add", help="make running spare NAME one more position: the cluster is laid out again "
+                           "over it while it serves (writes wait a moment; nothing is lost); waits until it holds "
+                           "the position, then lists it as a node in the cluster file")
+    a.add_argument("target", metavar="NAME", help="the spare's name in the cluster file (`ectable spare add`)")
+    a.add_argument("--config", dest="add_config", help="the cluster file (default cluster.toml)")
+    a.add_argument("--cancel", action="store_true", help="withdraw the request instead")
+    a.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    a.set_defaults(fn=cmd_add)
+    d = actions.add_parser("drain", help="hand node NAME's position, identity and state to a free spare, then stop "
+                           "the node; waits until the spare holds the position and the node is gone")
     d.add_argument("target", metavar="NAME", help="the node's name in the cluster file")
     d.add_argument("--config", dest="drain_config", help="the cluster file (default cluster.toml)")
     d.add_argument("--cancel", action="store_true", help="withdraw the request instead (only before the node is "

@@ -80,6 +80,19 @@ def with_spare(data: dict, name: str, endpoint: str) -> dict:
     return {**data, "nodes": section}
 
 
+def with_node(data: dict, name: str, nodes: int) -> dict:
+    """The cluster file's contents once spare `name` holds the last of `nodes` positions (`ectable node add`)."""
+    names_, spares = names(data)
+    section = dict(data.get("nodes", {}))
+    if name in spares:
+        i = spares.index(name)
+        section["endpoints"] = [*section.get("endpoints", []), section["spares"][i]]
+        section["names"] = [*names_, name]
+        section["spares"] = [e for j, e in enumerate(section["spares"]) if j != i]
+        section["spare_names"] = [n for j, n in enumerate(spares) if j != i]
+    return {**data, "cluster": {**data.get("cluster", {}), "nodes": nodes}, "nodes": section}
+
+
 def write_private(path: str, data: dict) -> None:
     """Write `data` as TOML to `path`, readable by its owner only (it may hold keys and the control token); the file
     is replaced whole, never seen half-written."""

@@ -55,6 +55,12 @@ class Checkpoints:
         self.client = client
         self.pending: _Pending | None = None
 
+    def relaid(self, sources: dict) -> None:
+        """The cluster was laid out again: the node now at each position took over the pieces its predecessor
+        wrote (`storage.relayout`), so a checkpoint being written is asked of it."""
+        if self.pending is not None:
+            self.pending = self.pending._replace(nodes={p: sources.get(p) for p in self.pending.nodes})
+
     # -- take ----------------------------------------------------------------
     def take(self, path: str, policy, bits: int | None, adaptive: bool, extra, keep: int | None,
              state_bits: int | None = None) -> int:

@@ -21,6 +21,7 @@ LAPSED = ("this client's writer lease expired (its process lost the membership s
           "no longer take its writes: connect again (a new client)")
 REPLAY_WAIT = 15.0  # longest a client waits for a replacement to apply every writer's replays
 HANDOVER_WAIT = 30.0  # longest a client waits for a node handing its position over to be moved (or thawed)
+RELAYOUT_TRIES = 4  # times one call is planned again because the cluster was laid out again meanwhile
 
 
 class _Write:
@@ -39,6 +40,14 @@ class _Write:
         return bool(self.writes)
 
 
+class _Relaid(Exception):
+    """The cluster was laid out again over more positions (a grow) since this client looked: what it planned by
+    the old layout is planned again. `left`: the writes of a position not applied there (a frozen node refused
+    them), to be written by the new layout."""
+
+    left: list = []
+
+
 class _Moved(Exception):
     """Position `position` holds another node than when this client last looked: fail it over first."""
 
@@ -49,17 +58,28 @@ class _Moved(Exception):
 
 def _open(method, read: bool = False):
     """A public call: `Error("client closed")` once the client was closed. A `step()` not sent yet goes before
-    it, or, for a `read`, after it (the caller's model computes next: the nodes close their windows meanwhile)."""
+    it, or, for a `read`, after it (the caller's model computes next: the nodes close their windows meanwhile).
+    A call (and its step) that a grow met is planned again by the new layout (`_Relaid`; writes take care
+    themselves not to apply anything twice, `Client._write`)."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if self._closed:
             raise Error("client closed")
-        if not read:
-            self._send_step()
-        out = method(self, *args, **kwargs)
-        if read:
-            self._send_step()
-        return out
+        for _ in range(RELAYOUT_TRIES):
+            self._follow_layout()
+            try:
+                if not read:
+                    self._send_step()
+                out = method(self, *args, **kwargs)
+            except _Relaid:
+                continue
+            if read:
+                try:
+                    self._send_step()
+                except _Relaid:
+                    self._step_due = True  # sent with the next call, by the new layout
+            return out
+        raise Unavailable(f"the cluster was laid out again {RELAYOUT_TRIES} times during one call")
     return call
 
 
@@ -278,6 +298,7 @@ class Client:
                 self._failover(moved.position)
             except HandingOver:  # met by a survivor read (a decode): that node is moved within seconds
                 self.cluster.refresh()
+                self._check_layout()
                 replaced_until = replaced_until or clock.monotonic() + HANDOVER_WAIT
                 if clock.monotonic() < replaced_until:
                     tries -= 1
@@ -356,12 +377,33 @@ class Client:
         writes = {p: [(table, batch[table][0], ids, batch[table][2][where]) for table, ids, where in ps]
                   for p, ps in parts.items()}
         entries = {p: self._logged(p, w) for p, w in writes.items() if states[p] != "dead"}
-        done = self._fan_out({p: self._write_request(e, self._sources.get(p)) for p, e in entries.items()}, entries)
+        try:
+            done = self._fan_out({p: self._write_request(e, self._sources.get(p)) for p, e in entries.items()}, entries)
+        except _Relaid:  # nothing was sent
+            for p, entry in entries.items():
+                self._unlog(p, entry)
+            raise
+        left = []  # writes a grow's frozen nodes refused: written again by the new layout
         for p, w in writes.items():
             if p in done:
                 entries[p].seq = done[p]
-            else:
+                continue
+            try:
                 self._write_node(p, w, entries.get(p))
+            except _Relaid as relaid:
+                left += relaid.left
+        if left:
+            self._follow_layout()
+            self._write({table: (kind, np.concatenate([i for t, _, i, _ in left if t == table]),
+                                 np.concatenate([v for t, _, _, v in left if t == table]))
+                         for table, kind in dict.fromkeys((t, k) for t, k, _, _ in left)})
+
+    def _unlog(self, p, entry) -> None:
+        """Take a write that was not applied out of p's redo log."""
+        try:
+            self._log[p].remove(entry)
+        except (ValueError, IndexError):  # the cluster's logs were begun again (a grow) since
+            pass
 
     def _logged(self, p, writes) -> "_Write":
         """A write to node p, kept in the redo log from before it is sent until its parity is safe."""
@@ -404,7 +446,13 @@ class Client:
             if entry is None:  # a spare came meanwhile: what went through the parity is not written again
                 entry = self._logged(p, writes[degraded:])
             entry.seq = self._call(p, *self._write_request(entry, self._sources.get(p)))[0]["seq"]
-        self._with_failover(p, attempt)
+        try:
+            self._with_failover(p, attempt)
+        except _Relaid as relaid:  # refused by a frozen node, or not sent
+            if entry is not None:
+                self._unlog(p, entry)
+            relaid.left = writes[degraded:]
+            raise
 
     def _parts(self, ids_by_table: dict) -> dict:
         """{node: [(table, ids, indices into that table's ids)]}."""
@@ -430,7 +478,7 @@ class Client:
         for p, request in pending.items():
             try:
                 reply, out = self._check_reply(p, *request.wait(DEADLINE))
-            except (NodeDown, NotRebuilt, Replaying, HandingOver):
+            except (NodeDown, NotRebuilt, Replaying, HandingOver, _Relaid):
                 continue
             done[p] = reply["seq"] if "seq" in reply else out
         return done
@@ -498,7 +546,7 @@ class Client:
                 self._check_reply(p, *pending.wait(DEADLINE))
             except NodeDown:
                 self._lost(p)
-            except HandingOver:
+            except (HandingOver, _Relaid):
                 pass  # the node that continues it starts with its window closed
 
     @_open
@@ -673,10 +721,28 @@ class Client:
             if bounds[p] < bounds[p + 1]:
                 yield p, order[bounds[p]:bounds[p + 1]]
 
+    def _check_layout(self) -> None:
+        """`_Relaid` if the cluster was laid out again since this client planned its call."""
+        if self.cluster.config is not self.config:
+            raise _Relaid()
+
+    def _follow_layout(self) -> None:
+        """Plan by the cluster's layout from now on (a grow laid it out again over more positions, each under a new
+        identity: none of them is failed over)."""
+        config = self.cluster.config
+        if config is self.config:
+            return
+        self.config, self.nodes = config, config.nodes
+        self._tables = {name: (spec, config.layout(spec)) for name, (spec, _) in self._tables.items()}
+        self._sources = {p: self.cluster.source(p) for p in range(self.nodes)}
+        self.repair, self._steps = Repair(self), {}
+        self._checkpoints.relaid(self._sources)
+
     def _catch_up(self) -> np.ndarray:
         """Fail over every position whose node changed since this client last looked (until none did: a
         failover's own requests may show a newer map, and a node whose process is found gone on the way is
         declared dead); every position's state then, "up", "rebuilding" or "dead", to plan a request from."""
+        self._check_layout()
         while True:  # one at a time: failing one over may fail over others
             moved = [p for p in range(self.nodes)
                      if self.cluster.source(p) != self._sources.get(p) and p not in self.cluster.taking]
@@ -695,6 +761,7 @@ class Client:
     def _state(self, p):
         """Position p's state: "up", "rebuilding" or "dead"; `_Moved` if its node changed since this
         client last looked (and no failover of it is under way): `_failover(p)` first."""
+        self._check_layout()
         if self.cluster.source(p) != self._sources.get(p) and p not in self.cluster.taking:
             raise _Moved(p)
         return self.cluster.state(p)
@@ -751,6 +818,7 @@ class Client:
                 clock.sleep(pause)
                 pause = min(pause * 2, 0.05)
                 self.cluster.refresh()
+                self._check_layout()  # a grow froze it: the new layout plans the request again
 
     def _handed_over(self, p, channel) -> bool:
         """Whether node p, which did not answer on `channel`, is the same node at another endpoint now (channels
@@ -776,6 +844,7 @@ class Client:
             raise stale
         if error == ErrorCode.NOT_MEMBER:  # it was declared dead while away and waits as a spare now
             self.cluster.refresh()
+            self._check_layout()  # or the cluster was laid out again: the request was meant for the old layout
             down = NodeDown(f"node {p} no longer holds its position")
             down.position = p
             raise down
@@ -803,6 +872,7 @@ class Client:
         the writes of its redo log that no parity holds; they are replayed into the replacement at p,
         together with every other writer's and in the order the dead node applied them (the replacement
         waits for all live writers), or into the parity, in that order, when no spare is left."""
+        self._check_layout()  # a grow gave every position a new node: none of them failed
         source = self._sources.get(p)
         if self.cluster.source(p) == source:  # this client saw it fail first
             self.cluster.mark_dead(p)

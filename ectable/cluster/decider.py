@@ -17,7 +17,9 @@ nothing). Each `step()` makes one decision, in this order:
 5. nodes that hold a position the map does not give them are fenced (a decider died while
    installing them);
 6. a live spare is put in a dead position, with the tables, rebuilding;
-7. a node an operator asked to leave (`ectable node drain`) hands its position, identity and state
+7. a spare an operator asked to add (`ectable node add`) becomes one more position once every
+   position is up: the cluster is laid out again over it (`grow`);
+8. a node an operator asked to leave (`ectable node drain`) hands its position, identity and state
    over to a spare once every position is up, and is told to stop (after HANDOVER_TRIES failed
    handovers it is failed over instead); a leaving spare is told to stop.
 
@@ -37,6 +39,7 @@ from ..protocol.messages import (Applied, CreateTable, DropTable, Freeze, Holds,
                                  Shutdown, Sync, Tables)
 from ..storage.table import TableSpec
 from . import plans
+from .grow import Grow
 from .handover import Handover
 from .map import Map
 from .store import ClusterStore
@@ -50,6 +53,7 @@ STORE_GRACE = 3.5  # on etcd, a decider leading again after its lease ran out wa
 # heartbeat; without the wait every node was declared dead at once
 INSTALL_TRIES = 5  # times an install is tried again after a create or drop came between
 FLUSH_SECONDS = 1.0  # longest a drain waits for the leaving node's deltas to be acknowledged before fencing it
+GROW_TRIES = 3  # attempts to add one spare as a position before its request is withdrawn
 HANDOVER_TRIES = 3  # handovers of one node that may fail before its drain fails the position over instead
 RETELL_SECONDS = 5.0  # a node told to stop (drained) whose presence is still there is told again after this long
 SETTLED_MAX_ROWS = 4096  # parity rows a reconcile may list as lacking in the map (the map stays small)
@@ -67,6 +71,7 @@ class Decider:
         self.silences: dict[str, int] = {}  # endpoint -> reconcile rounds it did not answer (soft state)
         self.told: dict[str, float] = {}  # endpoint -> when it was last told to stop, being drained (soft state)
         self.handovers_failed: dict[str, int] = {}  # endpoint -> handovers of its position that failed (soft state)
+        self.grows_failed: dict[str, int] = {}  # spare endpoint -> attempts to add it that failed (soft state)
         self.handing_over: float | None = None  # since when a handover runs (a process keeps the lease alive then)
         self.copies = 0  # copies of nodes' rows it asked for (each handover names its own)
 
@@ -133,6 +138,9 @@ class Decider:
         spares = plans.free_spares(m, presence, drains)
         if m.dead() and spares:
             return self._install(m, m.dead()[0], spares, presence)
+        grows = self.store.grows()
+        if grows and self._grow(m, presence, grows, drains):
+            return True
         return bool(drains) and self._drain(m, presence, drains, spares)
 
     def _swap(self, old: Map, new: Map, guard=()) -> Map | None:
@@ -340,6 +348,38 @@ class Decider:
         self.log(f"epoch {m.epoch}: position {p} drained: handed over from {endpoint} to {spare} ({attempt.summary()})")
         self._stop(endpoint)
         return True
+
+    def _grow(self, m: Map, presence: dict, grows: dict, drains: dict) -> bool:
+        """A spare an operator asked to add (`ectable node add`) becomes one more position: the cluster is laid out
+        again (`grow.Grow`). A request whose spare holds a position now is done; one that failed GROW_TRIES times
+        is withdrawn (the operator asks again). An attempt that fails thaws the nodes; a decider that dies
+        meanwhile leaves them frozen, and the next one thaws them (`plans.frozen`)."""
+        for endpoint in sorted(grows.keys() & {m.endpoints[p] for p in m.live()}):
+            self.store.cancel_grow(endpoint)
+            self.log(f"epoch {m.epoch}: {endpoint} added: it holds position {m.endpoints.index(endpoint)}")
+        spare = plans.growable(m, presence, grows, drains)
+        if spare is None:
+            return False
+        attempt = Grow(self, m, spare, self.store.grow_guard(spare, grows[spare]))
+        self.handing_over = clock.monotonic()
+        try:
+            why = attempt.run()
+        finally:
+            self.handing_over = None
+        if why is None:
+            self.grows_failed.pop(spare, None)
+            self.log(f"epoch {m.epoch}: {spare} added as position {m.nodes}: {m.nodes + 1} positions now "
+                     f"({attempt.summary()})")
+            return True
+        self.log(f"epoch {m.epoch}: adding {spare} failed ({why}): thawed, to be tried again")
+        self._ask({e: (self.map_header(m), []) for e in [*m.endpoints, spare]})  # nodes given for the new layout go
+        self._thaw(list(m.endpoints))
+        self.grows_failed[spare] = self.grows_failed.get(spare, 0) + 1
+        if self.grows_failed[spare] >= GROW_TRIES:
+            self.log(f"epoch {m.epoch}: adding {spare} failed {GROW_TRIES} times: the request is withdrawn")
+            self.store.cancel_grow(spare)
+            self.grows_failed.pop(spare)
+        return False
 
     def _thaw(self, endpoints: list[str]) -> bool:
         """Frozen nodes take writes again. The map is written first (unchanged, at a new epoch), so that a handover

@@ -43,6 +43,14 @@ class ClusterMap:
     def refresh(self) -> None:
         """Re-read the map from where it is kept."""
 
+    def relaid(self, config: ClusterConfig) -> None:
+        """The map lays the cluster out over more positions (a grow): clients plan by `config` from now on. The
+        redo logs begin again: the grow took place once every node was quiet (each write in parity), and nothing
+        was written since."""
+        self.config = config
+        self.redo_log[:] = [deque() for _ in range(config.nodes)]
+        self.replays.clear()
+
     def claim_failover(self, source) -> bool:
         """True for the first client to ask about a dead node's identity: it fails that node over."""
         if source is None or source in self._failed_over:
@@ -169,6 +177,9 @@ class StoredMap:
         if began < self._read_at:
             return
         self._read_at, self._map, self._spares, self._present = began, m, spares, present
+        config = getattr(self, "config", None)  # (none yet while a cluster reached remotely reads its first map)
+        if config is not None and m.config.get("nodes") != config.nodes and ClusterConfig(**m.config) != config:
+            self.relaid(ClusterConfig(**m.config))
         for endpoint in self._channels.keys() - set(m.endpoints):  # a node replaced: its sockets are freed
             self._channels.pop(endpoint).close()
 

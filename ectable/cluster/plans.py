@@ -9,14 +9,15 @@ from .map import Map
 
 def silent(m: Map, presence: dict) -> list[int]:
     """Live positions whose node is gone: no presence at its endpoint, or another incarnation there (nodes
-    announce a position they take before they answer the decider that gave it). A position whose node
-    never took it is waited for, not failed."""
+    announce a position they take before they answer the decider that gave it, and the identity a grow gave
+    them to take, `pending`, before the map gives it). A position whose node never took it is waited for,
+    not failed."""
     out = []
     for p in m.live():
         if m.sources[p] is None:
             continue  # not started yet (nodes may start after the map is written): it holds nothing
         info = presence.get(m.endpoints[p])
-        if info is None or info.get("source") != m.sources[p]:
+        if info is None or m.sources[p] not in (info.get("source"), info.get("pending")):
             out.append(p)
     return out
 
@@ -69,9 +70,11 @@ def strays(m: Map, presence: dict) -> list[str]:
 
 
 def frozen(m: Map, presence: dict) -> list[str]:
-    """Endpoints of nodes the map gives a live position that a handover froze (one that did not finish:
-    a decider hands a position over within one step)."""
-    return [m.endpoints[p] for p in m.live() if presence.get(m.endpoints[p], {}).get("frozen")]
+    """Endpoints of nodes the map gives a live position that a handover or a grow froze (one that did not
+    finish: a decider does either within one step; a node the map gives its new identity after a grow takes
+    it unfrozen)."""
+    return [m.endpoints[p] for p in m.live() if presence.get(m.endpoints[p], {}).get("frozen")
+            and presence[m.endpoints[p]].get("source") == m.sources[p]]
 
 
 def arriving(m: Map, presence: dict) -> list[str]:
@@ -152,6 +155,25 @@ def drain_waits(m: Map, spares: list[str]) -> str | None:
     if not spares:
         return "no free spare to take its place (add one: `ectable spare add`)"
     return None
+
+
+def growable(m: Map, presence: dict, grows: dict, drains=()) -> str | None:
+    """The spare to add as a new position now (`ectable node add`): the first asked for that is a free spare,
+    once every position is up (none dead, reconciling or rebuilding). None: no grow now."""
+    spares = free_spares(m, presence, drains)
+    wanted = [e for e in sorted(grows) if e in spares]
+    if not wanted or any(s != "up" for s in m.states) or m.failing:
+        return None
+    return wanted[0]
+
+
+def grown(m: Map, new_config: dict, sources: list, spare: str, key: str | None) -> Map:
+    """The map of a grow: one more position, held by `spare`; every position under its new identity
+    (`sources`), the old ones fenced."""
+    return m.replace(config=new_config, endpoints=m.endpoints + (spare,), sources=tuple(sources),
+                     states=m.states + ("up",), generations=(0,) * (m.nodes + 1),
+                     keys=m.keys + (key,) if m.keys else (),
+                     fenced=m.fenced + tuple(s for s in m.sources if s is not None))
 
 
 def drainable(m: Map, drains: set, spares: list[str]) -> int | None:

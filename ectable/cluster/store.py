@@ -9,6 +9,8 @@
     <prefix>/tables/<name>    a table's definition, written once by the first client to create it
     <prefix>/drain/<endpoint> an operator's request that the node at an endpoint leave the cluster
                               (`ectable node drain`); gone once it has
+    <prefix>/grow/<endpoint>  an operator's request that the spare at an endpoint be added as one more
+                              position (`ectable node add`); gone once it is
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class ClusterStore:
         self.dropped_prefix = f"{self.prefix}/dropped/"
         self.tables_epoch_key = f"{self.prefix}/tables-epoch"  # rewritten by every create and drop
         self.drain_prefix = f"{self.prefix}/drain/"
+        self.grow_prefix = f"{self.prefix}/grow/"
 
     # -- the map -----------------------------------------------------------
     def read_map(self) -> Map | None:
@@ -78,12 +81,31 @@ class ClusterStore:
 
     def drains(self) -> dict[str, int]:
         """{endpoint whose node is asked to leave: the request's revision}."""
-        kvs, _ = self.membership.range(self.drain_prefix)
-        return {kv.key[len(self.drain_prefix):]: kv.mod_revision for kv in kvs}
+        return self._requests(self.drain_prefix)
 
     def drain_guard(self, endpoint: str, revision: int) -> list:
         """A comparison that holds while the drain request for `endpoint` stands as read (at `revision`)."""
         return [Compare.unchanged(self.drain_prefix + endpoint, revision)]
+
+    # -- grows -------------------------------------------------------------
+    def request_grow(self, endpoint: str) -> None:
+        """Ask that the spare at `endpoint` be added as one more position (the cluster laid out again)."""
+        self.membership.put(self.grow_prefix + endpoint, b"")
+
+    def cancel_grow(self, endpoint: str) -> bool:
+        ok, _ = self.membership.txn([], [Delete(self.grow_prefix + endpoint)])
+        return ok
+
+    def grows(self) -> dict[str, int]:
+        """{endpoint of a spare to add as a position: the request's revision}."""
+        return self._requests(self.grow_prefix)
+
+    def grow_guard(self, endpoint: str, revision: int) -> list:
+        return [Compare.unchanged(self.grow_prefix + endpoint, revision)]
+
+    def _requests(self, prefix: str) -> dict[str, int]:
+        kvs, _ = self.membership.range(prefix)
+        return {kv.key[len(prefix):]: kv.mod_revision for kv in kvs}
 
     # -- writers -----------------------------------------------------------
     def register_writer(self, writer: str, lease: int) -> None:

@@ -2,9 +2,10 @@
 
 A `NodeHost` wraps one `Node`: it takes a position when a decider's map gives it one (once),
 follows newer maps (peers' endpoints and identities, dead positions, fenced identities),
-answers the control ops (`map`, `ping`, `shutdown`, and a drain's handover: `freeze`,
+answers the control ops (`map`, `ping`, `shutdown`, and a drain's handover or a grow: `freeze`,
 `hand_over`, `take_over`) and dispatches everything else to its node. It leaves its position,
-and waits as a spare, when the map fences its identity or gives it to another endpoint. Node
+and waits as a spare, when the map fences its identity or gives it to another endpoint; it
+replaces its node by the one it was given when a map lays the cluster out over more positions. Node
 processes (`node_server.NodeServer`, ZeroMQ) and in-process clusters (`local.py`) host
 nodes through it, so both follow maps with the same code.
 """
@@ -46,6 +47,7 @@ class NodeHost:
         self.frozen = False  # a drain's handover: the node changes no more (`freeze`)
         self.handed = False  # its state was handed over: it answers nothing but `moved`
         self.frozen_at = 0  # the map epoch of the last freeze: only a thaw of a later epoch is taken
+        self.frozen_deltas = False  # frozen, it still takes peers' deltas until handed over (a grow)
         self.pending: Node | None = None  # a spare: the node it takes over once a map gives it that position
         self.copied_rows: dict | None = None  # a spare: the rows of the node it takes over, copied while it served
         self.copied: tuple[str | None, set] = (None, set())  # the last copy of its rows a handover took: name, tables
@@ -64,7 +66,8 @@ class NodeHost:
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
         if self.frozen and (self.handed or not (msg.op in FROZEN_TAKES or msg.op == "applied" and not msg.fence
-                                                or msg.op == "holds" and msg.source is None)):
+                                                or msg.op == "holds" and msg.source is None
+                                                or msg.op == "delta" and self.frozen_deltas)):
             return messages.error(ErrorCode.MOVED, f"node {self.node.position} hands its position over to another "
                                                    f"node: ask again once the map moved it"), []
         reply = self.node.dispatch(msg, arrays)
@@ -91,8 +94,9 @@ class NodeHost:
         """A drain's handover: `freeze` (or thaw) this node, `hand_over` its state once frozen and quiet, or,
         on a spare, `take_over` the state of the node it replaces (see `storage.handover`)."""
         if msg.op == "take_over":
-            if self.node is not None:
-                return messages.error(ErrorCode.INVALID, f"this node holds position {self.node.position}: no spare"), []
+            if self.node is not None and (msg.rows or not self.frozen):  # a grow gives frozen nodes their new state
+                return messages.error(ErrorCode.INVALID, f"this node holds position {self.node.position} and is not "
+                                                         f"frozen: it takes no state"), []
             rows, self.copied_rows = self.copied_rows, None
             try:
                 if msg.rows:
@@ -104,17 +108,19 @@ class NodeHost:
             except (InvalidRequest, TypeError, ValueError) as exc:
                 return messages.error(ErrorCode.INVALID, f"take_over: {exc}"), []
             self.pending.lazy_close = self.lazy_close
+            self.announce()  # the identity it is to take: the decider waits for it, and then does not fail it over
             return {"source": self.pending.source, "seconds": time.monotonic() - began}, []
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
         if msg.op == "freeze":
             if msg.on:
                 self.frozen_at = max(self.frozen_at, msg.epoch)
+                self.frozen_deltas = msg.deltas
             elif self.frozen and msg.epoch <= self.frozen_at:
                 return messages.error(ErrorCode.INVALID, f"frozen at epoch {self.frozen_at}: a thaw needs a later "
                                                          f"one, not {msg.epoch}"), []
             if msg.on != self.frozen:
-                self.frozen, self.handed = msg.on, False
+                self.frozen, self.handed, self.pending = msg.on, False, None
                 self.announce()
             if self.frozen:
                 self.node.close_window()
@@ -139,22 +145,26 @@ class NodeHost:
     def apply_map(self, msg: messages.MapUpdate) -> dict:
         """Take a position (once), learn peers' endpoints, identities and which positions are dead."""
         endpoints, dead = msg.endpoints, msg.dead
+        adopts = self._adopts(endpoints, msg.sources)  # a grow's new layout: the node it was given takes over
+        holding = self.pending if adopts else self.node
+        position = msg.position if msg.position is not None or not adopts else self.pending.position
         if not (all(isinstance(e, str) and self.endpoint_pattern.match(e) for e in endpoints)
                 and all(isinstance(d, int) and 0 <= d < len(endpoints) for d in dead)
-                and (self.node is None or len(endpoints) == self.node.config.nodes)):
+                and (holding is None or len(endpoints) == holding.config.nodes)):
             return messages.error(ErrorCode.INVALID, "map needs tcp://host:port endpoints, one per node, and dead positions")
         if msg.epoch is not None:
             if msg.epoch < self.epoch:  # an older map overtaken by a newer one: keep the newer
                 return {"source": self.node and self.node.source}
             self.epoch = msg.epoch
+        if adopts and self.node is not None:
+            self._adopt()
         if self.node is not None and msg.position is not None and msg.position != self.node.position:
             # a decider that read this node's presence from before it took its position: it is no spare
             return messages.error(ErrorCode.NOT_MEMBER, f"this node holds position {self.node.position} already, "
                                                         f"not {msg.position}")
-        if self.node is None and msg.position is not None:
+        if self.node is None and position is not None:
             try:
                 config = ClusterConfig(**(msg.config or {}))
-                position = msg.position
                 if not 0 <= position < config.nodes or len(endpoints) != config.nodes:
                     raise ValueError("position or endpoints do not fit the cluster")
             except (TypeError, ValueError, KeyError) as exc:
@@ -201,6 +211,24 @@ class NodeHost:
                 self._connect(target)
         return {"source": self.node.source}
 
+    def _adopts(self, endpoints, sources) -> bool:
+        """Whether a map lays the cluster out again over more positions, giving this endpoint the node it was
+        given for that (`pending`, built by `storage.relayout`)."""
+        pending = self.pending
+        return (pending is not None and len(endpoints) == pending.config.nodes
+                and isinstance(sources, list) and len(sources) == len(endpoints)
+                and sources[pending.position] == pending.source and endpoints[pending.position] == self.endpoint)
+
+    def _adopt(self) -> None:
+        """The node built for the new layout replaces this one: the old one's peers and streams are moot (it was
+        quiet: every delta it sent was acknowledged)."""
+        for target in range(len(self.endpoints)):
+            if target != self.node.position:
+                self._drop_peer(target)
+        self.node, self.pending, self.frozen, self.handed = self.pending, None, False, False
+        self.endpoints, self.sources, self.dead = [], {}, set()
+        self.announce()
+
     def _handed_away(self, endpoints: list, sources) -> bool:
         """Whether a map gives this node's position, under its identity, to another endpoint (a handover)."""
         p = self.node.position
@@ -227,18 +255,23 @@ class NodeHost:
         return True
 
     def beat(self) -> dict:
-        """This node's presence: who it is, and whether (and since which invalidation) it rebuilds."""
+        """This node's presence: who it is, whether (and since which invalidation) it rebuilds, whether a handover
+        froze it, and the identity it was given to take once a map gives it (`pending`)."""
         node = self.node
         return {"endpoint": self.endpoint, "source": node and node.source, "position": node and node.position,
                 "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0,
-                "key": self.keys and self.keys["public"], "frozen": self.frozen}
+                "key": self.keys and self.keys["public"], "frozen": self.frozen,
+                "pending": self.pending and self.pending.source}
 
     def follow_map(self, latest) -> None:
         """Take a map read from the store (`cluster.map.Map`): leave if it fences this node's identity,
         else learn what changed if it is newer."""
-        if latest is None or self.node is None:
+        if latest is None or self.node is None and self.pending is None:
             return
-        if self.node.source in latest.fenced:
+        adopts = self._adopts(latest.endpoints, list(latest.sources))
+        if self.node is None and not adopts:
+            return  # a spare given a node takes a map from its decider only, unless the map gives it that node
+        if self.node is not None and self.node.source in latest.fenced and not adopts:
             self.leave()
         elif latest.epoch > self.epoch:
             self.apply_map(messages.MapUpdate(**latest.view()))

@@ -105,6 +105,25 @@ class LocalCluster(ClusterMap):
                 raise Error(f"position {i} was drained but no spare took it within {timeout} s")
             time.sleep(0.02)
 
+    def add_node(self, timeout: float = START_TIMEOUT) -> int:
+        """One more active node (`ectable node add`): a spare is started, and the cluster laid out again over it
+        while it serves (see `cluster.grow`); returns its position. Error if the decider did not add it within
+        `timeout` seconds (the request is then withdrawn)."""
+        endpoint = self.add_spare()
+        self.store.request_grow(endpoint)
+        deadline = time.monotonic() + timeout
+        while True:
+            self.refresh()
+            if endpoint in self._map.endpoints:
+                return self._map.endpoints.index(endpoint)
+            if time.monotonic() > deadline or endpoint not in self.store.grows():
+                self.store.cancel_grow(endpoint)
+                self.refresh()
+                if endpoint in self._map.endpoints:
+                    return self._map.endpoints.index(endpoint)
+                raise Error(f"the spare at {endpoint} was not added within {timeout} s (see the decider's log)")
+            time.sleep(0.02)
+
 
 class InProcessCluster(StoredMap, LocalCluster):
     """Nodes inside this process (`LocalCluster(..., processes=False)`): the same map, membership
@@ -181,18 +200,18 @@ class InProcessCluster(StoredMap, LocalCluster):
 
     def wait_replaced(self, p: int) -> None:
         self.decide()
-
     def kill(self, i: int) -> None:
         """Kill active node i: drop its memory (its presence goes with it)."""
         with self.lock:
             self._host(i).kill()
 
-    def add_spare(self) -> None:
-        """One more spare node; the decider puts it in a dead position at once if there is one."""
+    def add_spare(self) -> str:
+        """One more spare node (its endpoint); the decider puts it in a dead position at once if there is one."""
         with self.lock:
             endpoint = f"inproc://ectable-node-{len(self._hosts)}"
             self._hosts[endpoint] = InProcessHost(endpoint, self.decider.token, self.store)
             self.decide()
+            return endpoint
 
     def node_pids(self) -> list[int]:
         return [os.getpid()] * self.config.nodes
@@ -375,8 +394,9 @@ class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
         if reply.get("error"):
             raise Error(f"node {endpoint}: {reply.get('message')}")
 
-    def add_spare(self) -> None:
-        """Start one more spare node process; returns once the cluster counts it (or used it at once)."""
+    def add_spare(self) -> str:
+        """Start one more spare node process (its endpoint); returns once the cluster counts it (or used it at
+        once)."""
         (endpoint,) = self._spawn_nodes(1)
         deadline = time.monotonic() + START_TIMEOUT
         while endpoint not in self.store.presence() and endpoint not in self._map.endpoints:
@@ -385,6 +405,7 @@ class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
             time.sleep(0.02)
             self.refresh()
         self.refresh()
+        return endpoint
 
     def _spawn(self, commands: list[list[str]]) -> list[str]:
         """Start a process of `ectable COMMAND` per command; what each printed after READY (endpoint or name)."""

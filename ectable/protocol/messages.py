@@ -331,9 +331,11 @@ class Freeze(Request):
     window (`on`), or takes them again (`on` false). `epoch`: of the map the decider read; a thaw is taken only
     with a later epoch than every freeze's (the decider wrote the map first, so that no handover begun before
     can still move the node). Answers how many of its deltas wait for an acknowledgement, and why it cannot hand
-    over yet ("not_ready", None once it can)."""
+    over yet ("not_ready", None once it can). `deltas`: it still takes peers' deltas until its state is handed
+    over (a grow freezes every node: their last windows' deltas go to frozen peers)."""
     on: bool = True
     epoch: int = 0
+    deltas: bool = False
     token: str | None = None
     node: str | None = None
 
@@ -354,7 +356,9 @@ class HandOver(Request):
 @request("take_over")
 class TakeOver(Request):
     """To a spare: the `state` (arrays: its arrays) of the node whose place it takes, with the cluster's
-    `config`; it holds that node, unseen, until a map gives it the position under that identity. With `rows`,
+    `config`; it holds that node, unseen, until a map gives it the position under that identity. To a frozen
+    node of a growing cluster: the node that replaces it in the new layout (`storage.relayout`), held likewise
+    until a map with that layout gives it its position (a thaw drops it). With `rows`,
     the node's data rows copied before it was frozen (`state` {"tables": names}), which the state laid over
     them completes."""
     state: dict

@@ -11,6 +11,7 @@ from ..storage.shard import NotRebuilt
 
 def read_records(client, table: str, ids) -> np.ndarray:
     """Whole records (weights + optimizer state) of rows, from their nodes or decoded if they are down."""
+    client._follow_layout()  # a grow may have laid the cluster out again since the client's last call
     spec, layout = client._table(table)
     ids = np.asarray(ids, dtype=np.int64)
     out = np.empty((ids.size, spec.width), dtype=np.float32)

@@ -1,5 +1,5 @@
-"""A Hypothesis state machine that drives a cluster against a dict of rows, killing, draining and recovering
-nodes and taking checkpoints.
+"""A Hypothesis state machine that drives a cluster against a dict of rows, killing, draining, adding and
+recovering nodes and taking checkpoints.
 
 Subclass `ClusterMachine` (or call `machine_for`) with the cluster's settings; run it with
 `run_state_machine_as_test` or expose its `TestCase`. Invariants: every row equals the model,
@@ -33,7 +33,7 @@ finite = st.floats(-4, 4, width=32, allow_subnormal=False)
 
 
 class ClusterMachine(RuleBasedStateMachine):
-    """put / get / apply_gradient / step / flush / kill / drain / recover against a dict model."""
+    """put / get / apply_gradient / step / flush / kill / drain / add_node / recover against a dict model."""
 
     nodes, code, k, r, spares = 5, "xor", 4, 1, 2
     window_rows = 50  # small, so windows also close by size
@@ -207,6 +207,19 @@ class ClusterMachine(RuleBasedStateMachine):
         moved = (self.cluster.source(p), self.cluster.state(p), self.cluster.endpoints[p] != leaving)
         assert moved == (source, "up", True), moved
         event("drained")
+
+    @precondition(lambda self: not self.lost and self.nodes < type(self).nodes + 2)
+    @rule()
+    def add_node(self):
+        """An operator adds a node once every position is up: the cluster is laid out again over one more position,
+        each under a new identity, every one up (and every row as the model has it: the invariant)."""
+        self._settle_others()
+        sources = {self.cluster.source(p) for p in range(self.nodes)}
+        p = self.cluster.add_node()
+        self.nodes = self.cluster.config.nodes
+        assert p == self.nodes - 1 and all(self.cluster.state(q) == "up" for q in range(self.nodes))
+        assert not sources & {self.cluster.source(q) for q in range(self.nodes)}
+        event("added a node")
 
     @rule()
     def recover(self):

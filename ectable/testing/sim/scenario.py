@@ -5,7 +5,7 @@ The seed decides the cluster's shape (code, k, r, nodes, spares, window and rebu
 network's faults (loss, duplicates, delays that reorder), the client's requests, and the chaos:
 SIGKILLs of nodes at any message (never more than r positions unprotected at once), kills of
 deciders (a new one starts later), partitions of a node from everything, late spares, and (one seed in
-three) drains of nodes by an operator. Two seeds in seven run the client as a `LocalCluster` does, as
+three) drains of nodes by an operator, (another one in three) nodes added by one. Two seeds in seven run the client as a `LocalCluster` does, as
 the parent of the node processes: it sees a node exit at once (`SimCluster.sees_exits`).
 Invariants (SPEC 4.1 and 4.2): every read equals the model; after every `flush()` the parity is
 exact (against zfec for rs); the client never fails while at most r positions are unprotected;
@@ -62,13 +62,18 @@ class Chaos:
         self.sim, self.world, self.rate = sim, sim.world, rate
         self.budget = budget  # faults in all (so that a run that waits long does not collect hundreds)
         self.enabled = True
-        self.counts = {"node kills": 0, "decider kills": 0, "partitions": 0, "late spares": 0, "drains": 0}
+        self.counts = {"node kills": 0, "decider kills": 0, "partitions": 0, "late spares": 0, "drains": 0,
+                       "adds": 0}
         if rate:
             self.world.at(self.world.rng.expovariate(rate), self.strike, "chaos")
         # one seed in three also drains nodes (from a stream of its own: the other seeds run as before drains existed)
         self.drains = random.Random(self.world.seed * 11 + 3) if self.world.seed % 3 == 1 else None
         if self.drains is not None:
             self.world.at(self.drains.uniform(0.5, 5.0), self.drain, "chaos")
+        # one seed in three adds nodes (`ectable node add`), from a stream of its own
+        self.adds = random.Random(self.world.seed * 13 + 5) if self.world.seed % 3 == 2 else None
+        if self.adds is not None:
+            self.world.at(self.adds.uniform(0.5, 5.0), self.add, "chaos")
 
     def unprotected(self) -> set[int]:
         """Positions whose data is not fully protected now: not up in the map, their node dead or cut off, or
@@ -76,7 +81,7 @@ class Chaos:
         sim, m = self.sim, self.sim.store.read_map()
         drains = sim.store.drains()
         out = set()
-        for p in range(sim.config.nodes):
+        for p in range(m.nodes):
             host = sim.hosts.get(m.endpoints[p])
             if (m.states[p] != "up" or host is None or not host.alive or m.endpoints[p] in drains
                     or sim.network.cut.get(host.endpoint, 0.0) > self.world.now):
@@ -110,7 +115,8 @@ class Chaos:
             return
         sim = self.sim
         if not self.unprotected():
-            endpoint = sim.store.read_map().endpoints[self.drains.randrange(sim.config.nodes)]
+            m = sim.store.read_map()
+            endpoint = m.endpoints[self.drains.randrange(m.nodes)]
             self.world.note(f"drain {endpoint}")
             sim.store.request_drain(endpoint)
             self.counts["drains"] += 1
@@ -119,6 +125,19 @@ class Chaos:
                 sim.add_spare()
                 self.counts["late spares"] += 1
         self.world.at(self.drains.uniform(1.0, 6.0), self.drain, "chaos")
+
+    def add(self) -> None:
+        """An operator adds a node (a spare started for it, then asked to take one more position), at most twice,
+        only while every position is protected: the cluster is laid out again while the client trains."""
+        if not self.enabled or self.budget <= 0 or self.counts["adds"] >= 2:
+            return
+        if not self.unprotected():
+            host = self.sim.add_spare()
+            self.world.note(f"add {host.endpoint}")
+            self.sim.store.request_grow(host.endpoint)
+            self.counts["adds"] += 1
+            self.budget -= 1
+        self.world.at(self.adds.uniform(2.0, 8.0), self.add, "chaos")
 
     def strike(self) -> None:
         if not self.enabled or self.budget <= 0:
