@@ -13,7 +13,7 @@ import ectable
 from ectable import config as cluster_config
 from ectable.config import ClusterConfig
 from ectable.errors import InvalidRequest
-from ectable.protocol.messages import TakeOver
+from ectable.protocol.messages import ErrorCode, Freeze, HandOver, TakeOver, Write
 from ectable.storage import relayout
 from ectable.testing import check_parity
 from ectable.testing.reference_trainer import Trainer
@@ -157,3 +157,26 @@ def test_relayout_refuses_states_that_do_not_fit():
     with pytest.raises(InvalidRequest, match="different tables"):
         relayout.grow([({"shards": []}, []), ({"shards": [table]}, [])] * 2 + [({"shards": []}, [])],
                       config, ["s"] * 6)
+
+
+def test_a_frozen_node_answers_the_retry_of_a_write_it_applied():
+    """A write applied just before a grow froze its node, whose answer was lost: its retry is answered as a
+    duplicate (before and after the node's state was taken), never `moved`, which would have the client send it
+    again by the new layout, to a node that does not know it (applied twice). A new write is refused."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=100, dim=2, init="zeros")
+        host, token = cluster._hosts[cluster.endpoints[0]], cluster.decider.token
+        ids = client._table("t")[1].rows_on(0)[:3]
+
+        def write(cseq):
+            header = Write(parts=[["t", "apply_gradient"]], cid="w/1", cseq=cseq, node=host.node.source).header()
+            return host.handle(header, [ids, np.ones((3, 2), np.float32)])[0]
+        first = write(1)
+        host.handle(Freeze(epoch=cluster.epoch, deltas=True, token=token).header(), [])
+        assert write(1) == {**first, "duplicate": True}
+        assert write(2)["error"] == ErrorCode.MOVED
+        cluster._deliver()
+        assert host.handle(HandOver(token=token).header(), [])[0].get("state")  # handed over
+        assert write(1)["duplicate"] and write(2)["error"] == ErrorCode.MOVED
+        np.testing.assert_array_equal(host.node.shards["t"].records[:3, :2], np.full((3, 2), np.float32(-0.01)))  # once

@@ -24,7 +24,9 @@ from ..storage.node import Node
 TOKEN_OPS = {"map", "shutdown", "fault", "freeze", "hand_over", "take_over"}  # control ops taken with the token only
 FROZEN_TAKES = {"get", "get_many", "get_parity", "missing", "status", "tables", "snapshot_progress", "sync", "step"}
 # what a node frozen for a handover still answers (it changes nothing); `applied` and `holds` too, unless they fence
-# or promise. Once its state is handed over it answers nothing but `moved`: its successor may have taken writes.
+# or promise. Once its state is handed over it answers nothing but `moved`: its successor may have taken writes. A
+# retry of a write it applied is answered as ever, handed over or not (after a grow, the node that continues it
+# does not know the write: sent there again, it would be applied twice).
 
 
 class NodeHost:
@@ -65,9 +67,10 @@ class NodeHost:
             return self.control(msg, arrays)
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
-        if self.frozen and (self.handed or not (msg.op in FROZEN_TAKES or msg.op == "applied" and not msg.fence
-                                                or msg.op == "holds" and msg.source is None
-                                                or msg.op == "delta" and self.frozen_deltas)):
+        if self.frozen and not self.node.is_retry(msg) and (
+                self.handed or not (msg.op in FROZEN_TAKES or msg.op == "applied" and not msg.fence
+                                    or msg.op == "holds" and msg.source is None
+                                    or msg.op == "delta" and self.frozen_deltas)):
             return messages.error(ErrorCode.MOVED, f"node {self.node.position} hands its position over to another "
                                                    f"node: ask again once the map moved it"), []
         reply = self.node.dispatch(msg, arrays)

@@ -252,6 +252,11 @@ class Node:
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
         return {"seq": seq}, []
 
+    def is_retry(self, msg) -> bool:
+        """Whether `msg` is a write this node applied already (its answer then changes nothing)."""
+        return (msg.op == "write" and isinstance(msg.cid, str) and isinstance(msg.cseq, int)
+                and msg.cseq <= self.client_marks.get(msg.cid, 0))
+
     def _writes(self, parts, arrays, dropped_ok: bool = False) -> list:
         """[(shard, kind, ids, values)] of a write's parts and arrays, all checked; with `dropped_ok`, parts
         for tables dropped here are left out (a replay of writes to a table dropped since)."""

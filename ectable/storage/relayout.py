@@ -45,26 +45,32 @@ def grow(states: list, config: ClusterConfig, sources: list[str], rows: list | N
     for name, spec in tables.items():
         full, flags, marks = _gather(name, spec, old, states, rows or [{}] * len(states))
         layout = config.layout(spec)
-        k, r = layout.k, layout.r
-        data = full.view(np.uint8).reshape(-1, k, spec.width * 4)
+        k, r, width = layout.k, layout.r, spec.width
+        data = full.view(np.uint8).reshape(-1, k, width * 4)
         coded = code.encode([np.ascontiguousarray(data[:, i]) for i in range(k)]) if r else []  # per stripe
         for q in range(config.nodes):
-            ids = layout.data_ids(q, np.arange(layout.data_capacity()))
-            valid = ids < spec.num_rows
-            records = np.zeros((ids.size, spec.width), dtype=np.float32)
-            records[valid] = full[ids[valid]]
-            dirty = np.zeros(ids.size, dtype=np.uint8)
-            dirty[valid] = flags[ids[valid]]
-            parity = np.zeros((layout.parity_capacity(), spec.width * 4), dtype=np.uint8)
-            for j in range(r):
-                stripes = layout.stripes_of(q, k + j)
-                parity[layout.parity_offset(stripes, j)] = coded[j][stripes]
+            records = np.zeros((layout.data_capacity(), width), dtype=np.float32)
+            dirty = np.zeros(records.shape[0], dtype=np.uint8)
+            for i, stripes, n in _slots(layout, q, range(k)):  # node-local row j * k + i is row i of stripe j
+                records.reshape(-1, k, width)[:n, i] = full.reshape(-1, k, width)[stripes, i]
+                dirty.reshape(-1, k)[:n, i] = flags.reshape(-1, k)[stripes, i]
+            parity = np.zeros((layout.parity_capacity(), width * 4), dtype=np.uint8)
+            for t, stripes, n in _slots(layout, q, range(k, k + r)):
+                parity.reshape(-1, r, width * 4)[:n, t - k] = coded[t - k][stripes]
             put = _appender(arrays[q])
             out[q]["shards"].append({
                 "spec": spec.get_config(), "records": put(records), "changed": None, "parity": put(parity),
                 "versions": put(np.zeros(parity.shape[0], dtype=np.int64)), "flags": put(dirty), "marks": marks,
                 "fresh": None, "fresh_parity": None, "left": [0, 0]})
     return list(zip(out, arrays))
+
+
+def _slots(layout, node: int, slots):
+    """(slot, the stripes whose slot it is on `node` as a slice, how many) for each of `slots`: the node's local
+    rows of data slot `i` are `j * k + i`, of parity slot `k + j` are `j * r + j'`, for its j-th such stripe."""
+    for t in slots:
+        first = (node - t - layout.offset) % layout.nodes
+        yield t, slice(first, layout.num_stripes, layout.nodes), len(range(first, layout.num_stripes, layout.nodes))
 
 
 def _appender(arrays: list):
@@ -103,12 +109,13 @@ def _gather(name: str, spec: TableSpec, old: ClusterConfig, states: list, rows: 
             if records is None:
                 raise InvalidRequest(f"table {name!r}: the rows of position {p} were not copied")
             records[arrays[entry["changed"][0]]] = arrays[entry["changed"][1]]
-        ids = layout.data_ids(p, np.arange(records.shape[0]))
-        valid = ids < spec.num_rows
-        full[ids[valid]] = records[valid]
-        flags[ids[valid]] = arrays[entry["flags"]][valid] & CHECKPOINT_BITS
-        if entry["fresh"] is not None:
-            fresh[ids[valid]] = arrays[entry["fresh"]].view(bool)[valid]
+        by_stripe, local = full.reshape(-1, layout.k, spec.width), records.reshape(-1, layout.k, spec.width)
+        dirty, was_fresh = arrays[entry["flags"]].reshape(-1, layout.k), entry["fresh"]
+        for i, stripes, n in _slots(layout, p, range(layout.k)):
+            by_stripe[stripes, i] = local[:n, i]
+            flags.reshape(-1, layout.k)[stripes, i] = dirty[:n, i] & CHECKPOINT_BITS
+            if was_fresh is not None:
+                fresh.reshape(-1, layout.k)[stripes, i] = arrays[was_fresh].view(bool).reshape(-1, layout.k)[:n, i]
         marks.append(entry["marks"])
     todo = np.flatnonzero(fresh)
     if todo.size:  # rows still at their initial values (a pure function of the table and id)

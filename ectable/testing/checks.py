@@ -4,20 +4,27 @@ from __future__ import annotations
 import numpy as np
 import zfec
 
+from ..client.client import _Relaid
 from ..errors import NodeDown
 from ..protocol.messages import GetParity
 from ..storage.shard import NotRebuilt
 
 
+def _again_if_relaid(client, check):
+    """check(), done again by the new layout if a grow laid the cluster out again meanwhile (these checks read
+    through the client's insides, below the calls that do so themselves)."""
+    for _ in range(4):
+        client._follow_layout()
+        try:
+            return check()
+        except _Relaid:
+            continue
+    raise AssertionError("the cluster was laid out again 4 times during one check")
+
+
 def read_records(client, table: str, ids) -> np.ndarray:
     """Whole records (weights + optimizer state) of rows, from their nodes or decoded if they are down."""
-    client._follow_layout()  # a grow may have laid the cluster out again since the client's last call
-    spec, layout = client._table(table)
-    ids = np.asarray(ids, dtype=np.int64)
-    out = np.empty((ids.size, spec.width), dtype=np.float32)
-    for p, where in client._by_node(layout, ids):
-        out[where] = client._read_node(p, {table: ids[where]}, records=True)[0]
-    return out
+    return _again_if_relaid(client, lambda: _read_records(client, table, ids))
 
 
 def check_parity(cluster, client) -> None:
@@ -26,6 +33,19 @@ def check_parity(cluster, client) -> None:
     Call after `client.flush()`. Parity is read from the nodes over their transport; RS parity
     is compared with zfec's own encoder, XOR with numpy.
     """
+    _again_if_relaid(client, lambda: _check_parity(cluster, client))
+
+
+def _read_records(client, table: str, ids) -> np.ndarray:
+    spec, layout = client._table(table)
+    ids = np.asarray(ids, dtype=np.int64)
+    out = np.empty((ids.size, spec.width), dtype=np.float32)
+    for p, where in client._by_node(layout, ids):
+        out[where] = client._read_node(p, {table: ids[where]}, records=True)[0]
+    return out
+
+
+def _check_parity(cluster, client) -> None:
     config = cluster.config
     k, r = config.k, config.r
     if r == 0:
@@ -43,7 +63,7 @@ def check_parity(cluster, client) -> None:
                 flat = ids.reshape(-1)
                 data = np.zeros((flat.size, spec.width), dtype=np.float32)
                 valid = flat < spec.num_rows
-                data[valid] = read_records(client, table, flat[valid])
+                data[valid] = _read_records(client, table, flat[valid])
                 data = data.reshape(stripes.size, k, -1).view(np.uint8)
                 try:
                     held = client._call(p, GetParity(table=table).header(), [stripes])[1][0]
@@ -60,3 +80,4 @@ def check_parity(cluster, client) -> None:
                     expect = np.frombuffer(enc.encode(blocks, [k + j])[0], dtype=np.uint8).reshape(held.shape)
                 bad = np.flatnonzero((held != expect).any(axis=1))
                 assert bad.size == 0, f"table {table!r}: parity {j} of stripe {stripes[bad[0]]} on node {p} is stale"
+
