@@ -48,16 +48,19 @@ def write(clients, rng, rounds=3, step=True):
 
 @pytest.mark.parametrize("code", ["xor", "rs"])
 def test_kill_loop_loses_nothing(code):
-    """Five rounds, some of which drain their first node instead of killing it."""
+    """Five rounds, some of which drain their first node instead of killing it, some of which add a node first
+    (mid-window) and then kill or drain one of the new layout."""
     lines = []
-    result = kill_loop(rounds=5, code=code, seed=7, log=lines.append, drains=0.4)
+    result = kill_loop(rounds=5, code=code, seed=7, log=lines.append, drains=0.4, adds=0.4)
     rounds = [line for line in lines if line.startswith("round ")]
     killed = sum(line.count("SIGKILLed node ") for line in rounds)  # each node is named with how it went
     drained = sum(line.count("drained node ") for line in rounds)
-    assert len(rounds) == 5 and killed + drained >= 5 and killed and drained
+    added = sum(line.count("added node ") for line in rounds)
+    assert len(rounds) == 5 and killed + drained >= 5 and killed and drained and added
     assert all(": 0 lost;" in line and "read again: 0 lost" in line for line in rounds), rounds
-    assert result == {"rounds": 5, "kills": killed, "drains": drained, "lost": 0}
-    assert lines[-1].startswith(f"kill loop ({code}): 5 rounds, {killed} kills (SIGKILL), {drained} drains, 0 lost,")
+    assert result == {"rounds": 5, "kills": killed, "drains": drained, "adds": added, "lost": 0}
+    assert lines[-1].startswith(f"kill loop ({code}): 5 rounds, {killed} kills (SIGKILL), {drained} drains, "
+                                f"{added} adds, 0 lost,")
 
 
 def test_a_silent_node_is_declared_dead_replaced_and_fenced_when_it_returns():

@@ -149,14 +149,17 @@ def test_a_grow_that_fails_changes_nothing_and_is_tried_again():
 
 
 def test_relayout_refuses_states_that_do_not_fit():
-    """The layout is built only from nodes that hold the same tables, into more positions, one identity each."""
+    """The layout is built only into more positions, from every node's state, one identity each, from nodes that
+    hold the same tables."""
     config = ClusterConfig(nodes=6, code="xor", k=4, r=1)
     table = {"spec": {"name": "a", "num_rows": 10, "dim": 2, "seed": 0}}
     with pytest.raises(InvalidRequest, match="more positions"):
-        relayout.grow([({}, [])] * 6, config, ["s"] * 6)
+        relayout.Relayout(config, 6)
+    with pytest.raises(InvalidRequest, match="every one of 5"):
+        relayout.Relayout(config, 5).finish([({}, [])] * 4, ["s"] * 6)
     with pytest.raises(InvalidRequest, match="different tables"):
-        relayout.grow([({"shards": []}, []), ({"shards": [table]}, [])] * 2 + [({"shards": []}, [])],
-                      config, ["s"] * 6)
+        relayout.Relayout(config, 5).finish([({"shards": []}, []), ({"shards": [table]}, [])] * 2
+                                            + [({"shards": []}, [])], ["s"] * 6)
 
 
 def test_a_frozen_node_answers_the_retry_of_a_write_it_applied():

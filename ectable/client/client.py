@@ -20,7 +20,9 @@ REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
 LAPSED = ("this client's writer lease expired (its process lost the membership store for too long), so nodes "
           "no longer take its writes: connect again (a new client)")
 REPLAY_WAIT = 15.0  # longest a client waits for a replacement to apply every writer's replays
-HANDOVER_WAIT = 30.0  # longest a client waits for a node handing its position over to be moved (or thawed)
+HANDOVER_WAIT = 150.0  # longest a client waits for a frozen node (a drain's handover, a grow) to be moved or thawed:
+# longer than a decider may keep it frozen (cluster.handover: HANDOVER_FLUSH, then two transfers of HANDOVER_TIMEOUT
+# at most, one of whose messages may be lost), so that a lost message costs time, never a failed call
 RELAYOUT_TRIES = 4  # times one call is planned again because the cluster was laid out again meanwhile
 
 
@@ -175,7 +177,16 @@ class Client:
         read again (a spare installed before the claim got the tables as they were then), and a node that
         dies meanwhile is failed over and what stands at its position is asked too. A create returns only
         once every node knows the node at every live position: a node that still took a replacement's
-        position for dead would drop its deltas for the new table's rows there, which no rebuild reads."""
+        position for dead would drop its deltas for the new table's rows there, which no rebuild reads. A grow
+        meanwhile: sent again to every node of the new layout (a create or drop is taken twice as once)."""
+        for _ in range(RELAYOUT_TRIES):
+            try:
+                return self._to_every_node_of_the_layout(header)
+            except _Relaid:
+                self._follow_layout()
+        raise Unavailable(f"the cluster was laid out again {RELAYOUT_TRIES} times during one call")
+
+    def _to_every_node_of_the_layout(self, header: dict) -> None:
         self.cluster.refresh()
         pending = self._positions()
         deadline = clock.monotonic() + CREATE_DEADLINE

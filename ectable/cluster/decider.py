@@ -9,7 +9,8 @@ nothing). Each `step()` makes one decision, in this order:
    declared dead and their identities fenced (one map change), and the map is pushed to
    every live node before anything else happens, so survivors refuse the dead node's late
    deltas;
-2. a dead position whose stripes' parity holders may disagree (`failing`) is reconciled:
+2. nodes left frozen by a handover or grow that did not finish (its decider died or was deposed) are
+   thawed; then a dead position whose stripes' parity holders may disagree (`failing`) is reconciled:
    holders behind a stripe's most advanced holder forget their parity row, to be rebuilt
    from the data (`plans.stale_parity`); then it leaves `failing` and clients replay;
 3. live nodes' up/rebuilding states follow what they report;
@@ -119,6 +120,10 @@ class Decider:
         if dead:
             self.log(f"epoch {m.epoch}: positions {dead} lost their node (presence gone or replaced): declared dead")
             return self._swap(m, plans.declare_dead(m, dead)) is not None
+        frozen = plans.frozen(m, presence)
+        if frozen:  # before a reconcile: a frozen node answers it with `moved` (it would be failed for silence)
+            self.log(f"epoch {m.epoch}: {frozen} left frozen by a handover or grow that did not finish: thawed")
+            return self._thaw(frozen)
         if m.failing:
             return self._reconcile(m, *m.failing[0])
         states = plans.rebuild_states(m, presence)
@@ -130,10 +135,6 @@ class Decider:
         strays = plans.strays(m, presence)
         if strays:
             return self._swap(m, m.replace(fenced=m.fenced + tuple(strays))) is not None
-        frozen = plans.frozen(m, presence)
-        if frozen:
-            self.log(f"epoch {m.epoch}: {frozen} left frozen by a handover that did not finish: thawed")
-            return self._thaw(frozen)
         drains = self.store.drains()
         spares = plans.free_spares(m, presence, drains)
         if m.dead() and spares:

@@ -37,9 +37,9 @@ class Handover:
     def run(self) -> str | None:
         """Hand the position over; None once the map gives it to the spare, else why not."""
         self.at["copy"] = clock.monotonic()
-        copied = self._copy_rows()
+        self.copied = self._copy_rows()
         self.at["freeze"] = clock.monotonic()
-        return self._freeze() or self._export(copied) or self._take_over() or self._check() or self._swap()
+        return self._freeze() or self._export(self.copied) or self._take_over() or self._check() or self._swap()
 
     def summary(self) -> str:
         """Where the time went, for the decider's log."""
@@ -59,7 +59,7 @@ class Handover:
         rows = self._ask(self.endpoint, HandOver(rows=True, copy=copy, token=self.token))
         if isinstance(rows, Exception):
             return None
-        header = TakeOver(state=rows[0]["state"], config=self.m.config, rows=True, token=self.token)
+        header = TakeOver(state=rows[0]["state"], config=self.m.config, rows=True, copy=copy, token=self.token)
         return None if isinstance(self._ask(self.spare, header, rows[1]), Exception) else copy
 
     def _freeze(self) -> str | None:
@@ -88,7 +88,8 @@ class Handover:
         node (whose identity it now has: no stray, `plans.strays`)."""
         self.at["take"] = clock.monotonic()
         header, arrays = self.state
-        answer = self._ask(self.spare, TakeOver(state=header["state"], config=self.m.config, token=self.token), arrays)
+        answer = self._ask(self.spare, TakeOver(state=header["state"], config=self.m.config, copy=self.copied,
+                                                token=self.token), arrays)
         self.at["taken"] = clock.monotonic()
         if isinstance(answer, Exception):
             return f"{self.spare} did not take the state: {answer}"

@@ -51,7 +51,7 @@ class NodeHost:
         self.frozen_at = 0  # the map epoch of the last freeze: only a thaw of a later epoch is taken
         self.frozen_deltas = False  # frozen, it still takes peers' deltas until handed over (a grow)
         self.pending: Node | None = None  # a spare: the node it takes over once a map gives it that position
-        self.copied_rows: dict | None = None  # a spare: the rows of the node it takes over, copied while it served
+        self.copied_rows: tuple | None = None  # (copy, {table: rows}): rows sent ahead of the node it is to take
         self.copied: tuple[str | None, set] = (None, set())  # the last copy of its rows a handover took: name, tables
 
     def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:
@@ -97,14 +97,16 @@ class NodeHost:
         """A drain's handover: `freeze` (or thaw) this node, `hand_over` its state once frozen and quiet, or,
         on a spare, `take_over` the state of the node it replaces (see `storage.handover`)."""
         if msg.op == "take_over":
-            if self.node is not None and (msg.rows or not self.frozen):  # a grow gives frozen nodes their new state
+            if self.node is not None and not (msg.rows or self.frozen):  # a grow: new rows ahead, the state once frozen
                 return messages.error(ErrorCode.INVALID, f"this node holds position {self.node.position} and is not "
                                                          f"frozen: it takes no state"), []
-            rows, self.copied_rows = self.copied_rows, None
+            (copy, rows), self.copied_rows = self.copied_rows or (None, None), None
             try:
                 if msg.rows:
-                    self.copied_rows = handover.copied_rows(msg.state, list(arrays))
+                    self.copied_rows = (msg.copy, handover.copied_rows(msg.state, list(arrays)))
                     return {}, []
+                if msg.copy is not None and msg.copy != copy:
+                    raise InvalidRequest(f"the rows held are not those of copy {msg.copy!r}")
                 began = time.monotonic()
                 self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config), rows,
                                                 own=self.owns_arrays)
@@ -122,8 +124,10 @@ class NodeHost:
             elif self.frozen and msg.epoch <= self.frozen_at:
                 return messages.error(ErrorCode.INVALID, f"frozen at epoch {self.frozen_at}: a thaw needs a later "
                                                          f"one, not {msg.epoch}"), []
+            if not msg.on:
+                self.pending = self.copied_rows = None  # what a grow that did not happen gave it
             if msg.on != self.frozen:
-                self.frozen, self.handed, self.pending = msg.on, False, None
+                self.frozen, self.handed = msg.on, False
                 self.announce()
             if self.frozen:
                 self.node.close_window()
@@ -139,7 +143,7 @@ class NodeHost:
         if msg.copied is not None and msg.copied != self.copied[0]:  # copied since by another: the flags are its own
             return messages.error(ErrorCode.INVALID, f"rows copied again since copy {msg.copied!r}"), []
         try:
-            state, out = handover.export(self.node, self.copied[1] if msg.copied else ())
+            state, out = handover.export(self.node, self.copied[1] if msg.copied else (), msg.parity)
         except InvalidRequest as exc:  # not quiet yet
             return messages.error(ErrorCode.INVALID, str(exc)), []
         self.handed = True

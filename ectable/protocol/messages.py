@@ -345,10 +345,12 @@ class HandOver(Request):
     """A frozen node's whole state (`storage.handover`): header "state", and its arrays; `copied`: the name of a
     copy of its rows taken before, of whose tables only the rows changed since are sent (refused if its rows
     were copied under another name since). With `rows`, the node need not be frozen: its data rows as they are,
-    under the name `copy` (rows changed from now on are flagged; the same name again flags nothing anew)."""
+    under the name `copy` (rows changed from now on are flagged; the same name again flags nothing anew).
+    Without `parity`, the state leaves the parity rows out (a grow encodes them again)."""
     rows: bool = False
     copy: str | None = None
     copied: str | None = None
+    parity: bool = True
     token: str | None = None
     node: str | None = None
 
@@ -358,12 +360,14 @@ class TakeOver(Request):
     """To a spare: the `state` (arrays: its arrays) of the node whose place it takes, with the cluster's
     `config`; it holds that node, unseen, until a map gives it the position under that identity. To a frozen
     node of a growing cluster: the node that replaces it in the new layout (`storage.relayout`), held likewise
-    until a map with that layout gives it its position (a thaw drops it). With `rows`,
+    until a map with that layout gives it its position (a thaw drops it). `copy` names the rows sent ahead
+    that the state completes (refused if the rows held are another copy's). With `rows`,
     the node's data rows copied before it was frozen (`state` {"tables": names}), which the state laid over
     them completes."""
     state: dict
     config: dict
     rows: bool = False
+    copy: str | None = None
     token: str | None = None
     node: str | None = None
 

@@ -53,13 +53,14 @@ def ready(node: Node) -> str | None:
 
 
 def copy_rows(node: Node, mark: bool = True) -> tuple[dict, list]:
-    """({"tables": names}, their data rows) as they are now, the node serving on; rows changed from now on
-    are flagged (`mark`; else those changed since the last mark stay flagged, for a repeated request). The
-    arrays are the node's own (not copies): a row changed while they are read is flagged."""
+    """({"tables": names, "specs": their configs}, their data rows) as they are now, the node serving on; rows
+    changed from now on are flagged (`mark`; else those changed since the last mark stay flagged, for a repeated
+    request). The arrays are the node's own (not copies): a row changed while they are read is flagged."""
     names = list(node.shards)
     for shard in node.shards.values() if mark else ():
         shard.window.dirty &= np.uint8(~SINCE_COPY & 0xFF)
-    return {"tables": names}, [node.shards[name].records for name in names]
+    return ({"tables": names, "specs": [node.shards[name].spec.get_config() for name in names]},
+            [node.shards[name].records for name in names])
 
 
 def copied_rows(state: dict, arrays: list) -> dict:
@@ -73,9 +74,10 @@ def copied_rows(state: dict, arrays: list) -> dict:
     return {name: np.array(a) for name, a in zip(names, arrays)}
 
 
-def export(node: Node, copied=frozenset()) -> tuple[dict, list]:
+def export(node: Node, copied=frozenset(), parity: bool = True) -> tuple[dict, list]:
     """(header, arrays) of everything `node` holds; `ready(node)` must be None. Of the tables in `copied`
-    (given by `copy_rows` before), only the rows changed since."""
+    (given by `copy_rows` before), only the rows changed since; without `parity`, no parity rows (a grow
+    encodes them again)."""
     why = ready(node)
     if why is not None:
         raise InvalidRequest(f"node {node.position} cannot hand over: {why}")
@@ -94,7 +96,7 @@ def export(node: Node, copied=frozenset()) -> tuple[dict, list]:
         changed = np.flatnonzero(s.window.dirty & SINCE_COPY) if name in copied else None
         rows = None if changed is None else [put(changed), put(s.records[changed])]
         shards.append({"spec": s.spec.get_config(), "records": None if rows else put(s.records), "changed": rows,
-                       "parity": put(s.parity),
+                       "parity": put(s.parity) if parity else None,
                        "versions": put(s.versions), "flags": put(s.window.dirty), "marks": s.marks,
                        "fresh": maybe(s.fresh), "fresh_parity": maybe(s.fresh_parity), "left": list(s._fresh_left)})
     retained = {source: [[w, now - arrival, rows, [[table, put(ids), put(delta), *map(put, slots)]

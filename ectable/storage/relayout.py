@@ -1,10 +1,11 @@
 """A cluster's nodes laid out again over more positions: `ectable node add`.
 
 Placement rotates stripes over the active positions (`layout.Layout`), so a cluster of `n` nodes
-that takes one more moves nearly every row. `grow(states, config, sources)` takes the exports of
-every quiet, frozen node (`handover.export`, their copied rows laid under them) and gives the
-states of `n + 1` nodes under the layout of `config` (its `nodes` one more), in the same format,
-so the nodes' hosts build them with `handover.restore`:
+that takes one more moves nearly every row. `Relayout` lays the rows copied from every node while
+they serve (`handover.copy_rows`) over the new layout, to be sent to the nodes ahead; then, from the
+exports of every quiet, frozen node (`handover.export`: the rows changed since, no parity), gives the
+states of the `n + 1` nodes of the new layout in `handover.export`'s format, so the nodes' hosts
+build them with `handover.restore` over the rows they were sent ahead:
 
 - each table's rows go where the new layout puts them, with their checkpoint flags (rows still
   at their initial values are computed first: the new nodes have none left to compute);
@@ -30,39 +31,121 @@ from .window import CHECKPOINT_BITS
 NO_CHAIN = ["relayout", -1]  # the checkpoint mark of a table whose nodes' marks disagreed: no chain fits
 
 
-def grow(states: list, config: ClusterConfig, sources: list[str], rows: list | None = None) -> list:
-    """[(header, arrays)] of the `config.nodes` positions laid out again from `states`, the (header, arrays) of
-    `handover.export` of positions 0..len(states)-1 (`rows[p]`: the {table: rows} copied from position p before,
-    whose changed rows the header carries). `sources[q]` names the new node at q."""
-    old = ClusterConfig(**{**config.get_config(), "nodes": len(states)})
-    if len(sources) != config.nodes or config.nodes <= old.nodes:
-        raise InvalidRequest(f"growing {old.nodes} positions needs more positions and one identity each, "
-                             f"got {config.nodes} and {len(sources)}")
-    tables = _tables(states)
-    out = [_header(q, source, states) for q, source in enumerate(sources)]
-    arrays: list[list] = [[] for _ in sources]
-    code = config.make_code()
-    for name, spec in tables.items():
-        full, flags, marks = _gather(name, spec, old, states, rows or [{}] * len(states))
-        layout = config.layout(spec)
-        k, r, width = layout.k, layout.r, spec.width
-        data = full.view(np.uint8).reshape(-1, k, width * 4)
-        coded = code.encode([np.ascontiguousarray(data[:, i]) for i in range(k)]) if r else []  # per stripe
-        for q in range(config.nodes):
-            records = np.zeros((layout.data_capacity(), width), dtype=np.float32)
-            dirty = np.zeros(records.shape[0], dtype=np.uint8)
-            for i, stripes, n in _slots(layout, q, range(k)):  # node-local row j * k + i is row i of stripe j
-                records.reshape(-1, k, width)[:n, i] = full.reshape(-1, k, width)[stripes, i]
-                dirty.reshape(-1, k)[:n, i] = flags.reshape(-1, k)[stripes, i]
-            parity = np.zeros((layout.parity_capacity(), width * 4), dtype=np.uint8)
-            for t, stripes, n in _slots(layout, q, range(k, k + r)):
-                parity.reshape(-1, r, width * 4)[:n, t - k] = coded[t - k][stripes]
-            put = _appender(arrays[q])
-            out[q]["shards"].append({
-                "spec": spec.get_config(), "records": put(records), "changed": None, "parity": put(parity),
-                "versions": put(np.zeros(parity.shape[0], dtype=np.int64)), "flags": put(dirty), "marks": marks,
-                "fresh": None, "fresh_parity": None, "left": [0, 0]})
-    return list(zip(out, arrays))
+class Relayout:
+    """The `config.nodes` positions of a cluster of `old_nodes` laid out again, built in two steps: from the rows
+    copied while the nodes serve (`copied`, then `rows_for(q)`, sent to the node at q ahead: `sent`), and from
+    the frozen nodes' exports (`finish`), which then carry only the rows changed since."""
+
+    def __init__(self, config: ClusterConfig, old_nodes: int):
+        if config.nodes <= old_nodes:
+            raise InvalidRequest(f"growing {old_nodes} positions needs more positions, got {config.nodes}")
+        self.config, self.old = config, ClusterConfig(**{**config.get_config(), "nodes": old_nodes})
+        self.full: dict[str, np.ndarray] = {}  # table -> its rows by id (padded to whole stripes), as copied
+        self.specs: dict[str, TableSpec] = {}
+        self.sent = False  # every position was given `rows_for` its new node ahead
+
+    def copied(self, p: int, state: dict, rows: dict) -> None:
+        """Lay the rows copied from old position p (`handover.copy_rows`: its state, and {table: rows})."""
+        for config in state.get("specs", []):
+            spec = TableSpec.from_config(config)
+            if spec.name in rows and self.specs.setdefault(spec.name, spec) == spec:
+                full = self.full.setdefault(spec.name, _rows_of(spec, self.old.k))
+                _lay(full, rows[spec.name], self.old.layout(spec), p)
+
+    def rows_for(self, q: int) -> tuple[dict, list]:
+        """({"tables": names}, rows) of new position q, from the copies: what `copy_rows` gives of a node."""
+        names = sorted(self.full)
+        return {"tables": names}, [_pick(self.full[name], self.config.layout(self.specs[name]), q) for name in names]
+
+    def finish(self, states: list, sources: list[str]) -> list:
+        """[(header, arrays)] of every new position from `states`, the (header, arrays) of `handover.export` of
+        every old position (rows changed since the copy; parity left out); `sources[q]` names the new node at q."""
+        if len(states) != self.old.nodes or len(sources) != self.config.nodes:
+            raise InvalidRequest(f"a grow needs the state of every one of {self.old.nodes} positions and an "
+                                 f"identity for each of {self.config.nodes}")
+        tables = _tables(states)
+        out = [_header(q, source, states) for q, source in enumerate(sources)]
+        arrays: list[list] = [[] for _ in sources]
+        code = self.config.make_code()
+        for name, spec in tables.items():
+            full, flags, marks, changed = self._gather(name, spec, states)
+            layout = self.config.layout(spec)
+            k, r, width = layout.k, layout.r, spec.width
+            data = full.view(np.uint8).reshape(-1, k, width * 4)
+            coded = code.encode([np.ascontiguousarray(data[:, i]) for i in range(k)]) if r else []  # per stripe
+            if changed is not None:
+                where, local = layout.data_node(changed), layout.data_offset(changed)
+            for q in range(self.config.nodes):
+                put = _appender(arrays[q])
+                parity = np.zeros((layout.parity_capacity(), width * 4), dtype=np.uint8)
+                for t, stripes, n in _slots(layout, q, range(k, k + r)):
+                    parity.reshape(-1, r, width * 4)[:n, t - k] = coded[t - k][stripes]
+                if changed is None:
+                    records, rows = put(_pick(full, layout, q)), None
+                else:  # the node holds the rows sent ahead: only those changed since
+                    mine = where == q
+                    records, rows = None, [put(local[mine]), put(full[changed[mine]])]
+                out[q]["shards"].append({
+                    "spec": spec.get_config(), "records": records, "changed": rows, "parity": put(parity),
+                    "versions": put(np.zeros(parity.shape[0], dtype=np.int64)), "flags": put(_pick(flags, layout, q)),
+                    "marks": marks, "fresh": None, "fresh_parity": None, "left": [0, 0]})
+        return list(zip(out, arrays))
+
+    def _gather(self, name: str, spec: TableSpec, states: list):
+        """(every row of table `name` by id, their checkpoint flags, the table's checkpoint marks, the ids of rows
+        changed since the rows were sent ahead, or None: every node is sent all its rows)."""
+        layout = self.old.layout(spec)
+        copied = self.specs.get(name) == spec
+        full = self.full[name] if copied else _rows_of(spec, layout.k)
+        flags = np.zeros(full.shape[0], dtype=np.uint8)
+        fresh = np.zeros(full.shape[0], dtype=bool)
+        changed, marks = [], []
+        for p, (header, arrays) in enumerate(states):
+            entry = next(e for e in header["shards"] if e["spec"]["name"] == name)
+            if entry["changed"] is None:  # not copied: all its rows
+                _lay(full, arrays[entry["records"]], layout, p)
+                changed.append(layout.rows_on(p))
+            else:  # the rows copied while the node served, and those changed since
+                if not copied:
+                    raise InvalidRequest(f"table {name!r}: the rows of position {p} were not copied")
+                ids = layout.data_ids(p, arrays[entry["changed"][0]])
+                full[ids] = arrays[entry["changed"][1]]
+                changed.append(ids)
+            _lay(flags, arrays[entry["flags"]] & CHECKPOINT_BITS, layout, p)
+            if entry["fresh"] is not None:
+                _lay(fresh, arrays[entry["fresh"]].view(bool), layout, p)
+            marks.append(entry["marks"])
+        todo = np.flatnonzero(fresh)
+        if todo.size:  # rows still at their initial values (a pure function of the table and id)
+            full[todo] = 0
+            full[todo, : spec.dim] = init_rows(spec.init, spec.seed, spec.name, todo, spec.dim)
+        agreed = all(mark == marks[0] for mark in marks)
+        mark = marks[0] if agreed else {"checkpoint": NO_CHAIN, "full": NO_CHAIN}
+        ahead = copied and self.sent
+        return full, flags, dict(mark), np.unique(np.concatenate([*changed, todo])) if ahead else None
+
+
+def _rows_of(spec: TableSpec, k: int) -> np.ndarray:
+    """Zero rows of a table by id, padded to whole stripes."""
+    return np.zeros((-(-spec.num_rows // k) * k, spec.width), dtype=np.float32)
+
+
+def _lay(by_id: np.ndarray, local: np.ndarray, layout, p: int) -> None:
+    """Put the node-local rows (or per-row flags) of position p of `layout` where they go by id."""
+    k = layout.k
+    shape = (-1, k, *by_id.shape[1:])
+    for i, stripes, n in _slots(layout, p, range(k)):  # node-local row j * k + i is row i of stripe j
+        by_id.reshape(shape)[stripes, i] = local.reshape(shape)[:n, i]
+
+
+def _pick(by_id: np.ndarray, layout, q: int) -> np.ndarray:
+    """The node-local rows (or per-row flags) of position q of `layout`, from rows by id (zeros elsewhere)."""
+    k = layout.k
+    shape = (-1, k, *by_id.shape[1:])
+    out = np.zeros((layout.data_capacity(), *by_id.shape[1:]), dtype=by_id.dtype)
+    for i, stripes, n in _slots(layout, q, range(k)):
+        out.reshape(shape)[:n, i] = by_id.reshape(shape)[stripes, i]
+    return out
 
 
 def _slots(layout, node: int, slots):
@@ -89,41 +172,6 @@ def _tables(states: list) -> dict:
             raise InvalidRequest("the nodes hold different tables (a create or drop was under way): try again")
         names = these
     return names or {}
-
-
-def _gather(name: str, spec: TableSpec, old: ClusterConfig, states: list, rows: list):
-    """(every row of table `name` by id [rows padded to whole stripes, width], their checkpoint flags,
-    the table's checkpoint marks) from the old positions' states."""
-    layout = old.layout(spec)
-    stripes = -(-spec.num_rows // old.k)
-    full = np.zeros((stripes * old.k, spec.width), dtype=np.float32)
-    flags = np.zeros(full.shape[0], dtype=np.uint8)
-    fresh = np.zeros(full.shape[0], dtype=bool)
-    marks = []
-    for p, (header, arrays) in enumerate(states):
-        entry = next(e for e in header["shards"] if e["spec"]["name"] == name)
-        if entry["changed"] is None:
-            records = arrays[entry["records"]]
-        else:  # the rows copied while the node served, and those changed since
-            records = rows[p].get(name)
-            if records is None:
-                raise InvalidRequest(f"table {name!r}: the rows of position {p} were not copied")
-            records[arrays[entry["changed"][0]]] = arrays[entry["changed"][1]]
-        by_stripe, local = full.reshape(-1, layout.k, spec.width), records.reshape(-1, layout.k, spec.width)
-        dirty, was_fresh = arrays[entry["flags"]].reshape(-1, layout.k), entry["fresh"]
-        for i, stripes, n in _slots(layout, p, range(layout.k)):
-            by_stripe[stripes, i] = local[:n, i]
-            flags.reshape(-1, layout.k)[stripes, i] = dirty[:n, i] & CHECKPOINT_BITS
-            if was_fresh is not None:
-                fresh.reshape(-1, layout.k)[stripes, i] = arrays[was_fresh].view(bool).reshape(-1, layout.k)[:n, i]
-        marks.append(entry["marks"])
-    todo = np.flatnonzero(fresh)
-    if todo.size:  # rows still at their initial values (a pure function of the table and id)
-        full[todo] = 0
-        full[todo, : spec.dim] = init_rows(spec.init, spec.seed, spec.name, todo, spec.dim)
-    agreed = all(mark == marks[0] for mark in marks)
-    mark = marks[0] if agreed else {"checkpoint": NO_CHAIN, "full": NO_CHAIN}
-    return full, flags, dict(mark)
 
 
 def _header(q: int, source: str, states: list) -> dict:

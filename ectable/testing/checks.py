@@ -66,7 +66,8 @@ def _check_parity(cluster, client) -> None:
                 data[valid] = _read_records(client, table, flat[valid])
                 data = data.reshape(stripes.size, k, -1).view(np.uint8)
                 try:
-                    held = client._call(p, GetParity(table=table).header(), [stripes])[1][0]
+                    request = GetParity(table=table, node=client._sources.get(p))  # (refused by a new layout's node)
+                    held = client._call(p, request.header(), [stripes])[1][0]
                 except NodeDown:  # it died since the flush: its parity is rebuilt from the data
                     client._lost(p)
                     continue

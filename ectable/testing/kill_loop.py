@@ -6,9 +6,11 @@ after the rebuild, and checks parity against a fresh encode. The killed node's p
 is replaced by a new spare for the next round. With r >= 2 half the rounds kill a second
 node one batch after the first, while its spare is still rebuilding. With `--drains SHARE`
 that share of the rounds drains the first node (`LocalCluster.drain`: its position handed to
-a spare, no kill) instead of killing it.
+a spare, no kill) instead of killing it. With `--adds SHARE` that share of the rounds first adds a node
+(`LocalCluster.add_node`: the cluster laid out again over one more position, mid-window), then kills
+(or drains) a node of the new layout, up to four nodes more than it began with.
 
-    python -m ectable.testing.kill_loop --rounds 50 --code rs --drains 0.3 --log kill_loop.log
+    python -m ectable.testing.kill_loop --rounds 50 --code rs --drains 0.3 --adds 0.1 --log kill_loop.log
 """
 from __future__ import annotations
 
@@ -63,13 +65,15 @@ def _state(cluster) -> str:
             f"fenced {list(m.fenced)}, failing {list(m.failing)}; presence {presence}")
 
 
-def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float = 0.0) -> dict:
-    """Run the loop; returns {"rounds", "kills", "drains", "lost"} (lost: rows that differed, summed over
-    checks). `drains`: the share of rounds whose first node is drained, not killed."""
+def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float = 0.0, adds: float = 0.0) -> dict:
+    """Run the loop; returns {"rounds", "kills", "drains", "adds", "lost"} (lost: rows that differed, summed over
+    checks). `drains`: the share of rounds whose first node is drained, not killed; `adds`: of rounds that add a
+    node first."""
     k, r = (4, 1) if code == "xor" else (3, 2)
     rng = np.random.default_rng(seed)
     draws = np.random.default_rng(seed + 1)  # a stream of its own: without drains the rounds run as before
-    kills = drained = lost = 0
+    grows = np.random.default_rng(seed + 2)  # and adds one of their own
+    kills = drained = added = lost = 0
     started = time.perf_counter()
     with LocalCluster(nodes=k + r + 1, code=code, k=k, r=r, spares=r, window_rows=4096) as cluster, \
             LocalCluster(nodes=1, code="none", k=1, r=0, processes=False) as ref_cluster:
@@ -83,13 +87,17 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
             batches = list(_requests(rng, int(rng.integers(3, 9))))
             at = int(rng.integers(len(batches) - 1))
             drain = draws.random() < drains
-            notes = []
+            add = grows.random() < adds and cluster.config.nodes < k + r + 5
+            notes, grew = [], ""
             for i, batch in enumerate(batches):
                 if i == at or (i == at + 1 and second):
                     if i == at and moment == "deltas in flight":
                         client.step()
                     elif i == at and moment == "after flush":
                         client.flush()
+                    if i == at and add:
+                        grew = f"added node {cluster.add_node()} ({cluster.config.nodes} nodes now), then "
+                        added += 1
                     victim = int(rng.choice([p for p in range(cluster.config.nodes) if cluster.state(p) == "up"]))
                     rebuilding = [p for p in range(cluster.config.nodes) if cluster.state(p) == "rebuilding"]
                     notes.append(f"{'drained' if drain and i == at else 'SIGKILLed'} node {victim} "
@@ -119,16 +127,16 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
             lost += bad + after
             for _ in notes:
                 cluster.add_spare()
-            log(f"round {n}: {' then '.join(notes)}, {moment} at batch {at + 1}/{len(batches)}; "
+            log(f"round {n}: {grew}{' then '.join(notes)}, {moment} at batch {at + 1}/{len(batches)}; "
                 f"degraded read of all rows: {bad} lost; rebuilt {rebuilt:.2f} s later, parity exact; "
                 f"read again: {after} lost")
         client.wait_recovered(timeout=120)
         client.flush()
         check_parity(cluster, client)
         lost += _lost(client, reference)
-    log(f"kill loop ({code}): {rounds} rounds, {kills} kills (SIGKILL), {drained} drains, {lost} lost, "
+    log(f"kill loop ({code}): {rounds} rounds, {kills} kills (SIGKILL), {drained} drains, {added} adds, {lost} lost, "
         f"{time.perf_counter() - started:.0f} s")
-    return {"rounds": rounds, "kills": kills, "drains": drained, "lost": lost}
+    return {"rounds": rounds, "kills": kills, "drains": drained, "adds": added, "lost": lost}
 
 
 def main(argv=None) -> None:
@@ -137,6 +145,7 @@ def main(argv=None) -> None:
     parser.add_argument("--code", default="xor", choices=["xor", "rs"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--drains", type=float, default=0.0, help="share of rounds that drain a node, not kill it")
+    parser.add_argument("--adds", type=float, default=0.0, help="share of rounds that add a node first")
     parser.add_argument("--log", help="also append the log to this file")
     args = parser.parse_args(argv)
     out = open(args.log, "a") if args.log else None
@@ -145,7 +154,7 @@ def main(argv=None) -> None:
         print(line, flush=True)
         if out:
             print(line, file=out, flush=True)
-    result = run(args.rounds, args.code, args.seed, log, args.drains)
+    result = run(args.rounds, args.code, args.seed, log, args.drains, args.adds)
     sys.exit(0 if result["lost"] == 0 else 1)
 
 
