@@ -459,10 +459,15 @@ class Client:
             entry.seq = self._call(p, *self._write_request(entry, self._sources.get(p)))[0]["seq"]
         try:
             self._with_failover(p, attempt)
-        except _Relaid as relaid:  # refused by a frozen node, or not sent
+        except _Relaid as relaid:  # not sent, refused by a frozen node, or applied and its answer lost
             if entry is not None:
                 self._unlog(p, entry)
-            relaid.left = writes[degraded:]
+            applied = entry is not None and self.cluster.applied_before_grow(self._sources.get(p), entry.cid,
+                                                                              entry.cseq)
+            if applied is None and entry is not None and entry.seq is None:
+                raise Unavailable(f"node {p} was laid out again before it answered a write, and the cluster no "
+                                  f"longer records whether it applied it") from None
+            relaid.left = [] if applied else writes[degraded:]
             raise
 
     def _parts(self, ids_by_table: dict) -> dict:

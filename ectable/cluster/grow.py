@@ -45,6 +45,7 @@ class Grow:
         self.targets = self.endpoints + [spare]  # the nodes of the new layout
         self.at: dict[str, float] = {}
         self.moved = 0  # bytes of state that came from the nodes
+        self.marks: list[dict] = []  # per old position, each client's last write its node applied
 
     def run(self) -> str | None:
         """Lay the cluster out again; None once the map has the new layout, else why not."""
@@ -63,7 +64,7 @@ class Grow:
                 f"{'laid out and sent ahead' if self.relayout.sent else 'not sent ahead'} in "
                 f"{at['freeze'] - at['ahead']:.2f}; then frozen {at['done'] - at['freeze']:.2f} s: "
                 f"flush {at['export'] - at['freeze']:.2f}, {self.moved / 2**20:.1f} MiB out "
-                f"{at['build'] - at['export']:.2f}, laid out {at['take'] - at['build']:.2f}, "
+                f"{at['build'] - at['export']:.2f}, changed rows laid in and parity encoded {at['take'] - at['build']:.2f}, "
                 f"in {at['taken'] - at['take']:.2f}")
 
     def _ask(self, requests: dict) -> dict:
@@ -126,6 +127,7 @@ class Grow:
             if isinstance(answer, Exception) or "state" not in answer[0]:
                 return f"the state of {endpoint} did not come: {answer if isinstance(answer, Exception) else answer[0]}"
             states.append((answer[0]["state"], answer[1]))
+            self.marks.append(answer[0]["state"].get("client_marks", {}))
             self.moved += sum(a.nbytes for a in answer[1])
         self.at["build"] = clock.monotonic()
         try:
@@ -159,7 +161,7 @@ class Grow:
 
     def _swap(self) -> str | None:
         new = plans.grown(self.m, self.config.get_config(), self.sources, self.spare,
-                          self.presence[self.spare].get("key"))
+                          self.presence[self.spare].get("key"), self.marks)
         if self.decider._swap(self.m, new, self.guard) is None:
             return "the map changed, or the request was withdrawn"
         self.at["done"] = clock.monotonic()

@@ -25,6 +25,10 @@ record stays true: a client that takes the dead node's redo log late (after othe
 replaced, which forgets their marks) replays exactly what no parity held. A reconcile that would
 list more than `decider.SETTLED_MAX_ROWS` lacking rows records nothing (such a client then asks the
 survivors, as when the record has scrolled out), so the map stays small.
+
+`retired` records, for the last `RETIRED_KEPT` identities a grow retired (`cluster.grow`: every position
+takes a new one), each client's last write that node applied: a client whose write to it went unanswered
+(its answer lost, or refused as the node froze) tells from this whether to send it again by the new layout.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ import msgpack
 
 STATES = ("up", "rebuilding", "dead")
 SETTLED_KEPT = 64
+RETIRED_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class Map:
     failing: tuple = ()  # ((position, source), ...)
     settled: tuple = ()  # ((source, marks per survivor, rows survivors lacked), ...): see above
     keys: tuple = ()  # per position, the node's public key (empty: no keys)
+    retired: tuple = ()  # ((identity a grow retired, {client: its last write applied there}), ...): see above
     epoch: int = 0  # the store's revision of this map (not stored in it)
 
     @classmethod
@@ -64,6 +70,7 @@ class Map:
         value = msgpack.unpackb(data, raw=False)
         value["failing"] = tuple(tuple(pair) for pair in value.get("failing", ()))
         value["settled"] = tuple(tuple(entry) for entry in value.get("settled", ()))
+        value["retired"] = tuple(tuple(entry) for entry in value.get("retired", ()))
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}, epoch=epoch)
 
     def with_position(self, p: int, **changes) -> "Map":
@@ -90,6 +97,14 @@ class Map:
             return self.replace(failing=failing)
         entry = (source, tuple((q, dict(c)) for q, c in sorted(marks.items())), tuple(tuple(x) for x in lacking))
         return self.replace(failing=failing, settled=(self.settled + (entry,))[-SETTLED_KEPT:])
+
+    def applied_before_grow(self, source: str, cid: str, cseq: int) -> bool | None:
+        """Whether node identity `source`, retired by a grow, applied client `cid`'s write `cseq` (None: not
+        recorded: `source` was not retired by a grow, or its record scrolled out)."""
+        for retired, marks in self.retired:
+            if retired == source:
+                return cseq <= marks.get(cid, 0)
+        return None
 
     def settled_marks(self, source: str):
         """({survivor: {client: last write}}, [(q, table, stripes lacked)]) recorded for `source`, or None."""

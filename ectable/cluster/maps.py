@@ -112,6 +112,11 @@ class ClusterMap:
         or None if not recorded."""
         return None
 
+    def applied_before_grow(self, source, cid: str, cseq: int) -> bool | None:
+        """Whether node identity `source`, retired by a grow, applied write `cseq` of client `cid`
+        (`Map.applied_before_grow`; None: not recorded)."""
+        return None
+
     def wait_reconciled(self, p: int) -> None:
         """Return once the parity holders of dead position p's stripes agree (clients replay after)."""
 
@@ -273,6 +278,9 @@ class StoredMap:
 
     def settled_marks(self, source):
         return self._map.settled_marks(source)
+
+    def applied_before_grow(self, source, cid: str, cseq: int) -> bool | None:
+        return self._map.applied_before_grow(source, cid, cseq)
 
     def last_source(self, p: int) -> str | None:
         return self._map.sources[p]

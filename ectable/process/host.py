@@ -118,6 +118,9 @@ class NodeHost:
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
         if msg.op == "freeze":
+            if msg.on and msg.epoch < self.epoch:  # a decider deposed since, or one whose step began before a thaw
+                return messages.error(ErrorCode.INVALID, f"a freeze on epoch {msg.epoch}, older than this node's map "
+                                                         f"({self.epoch}): the map changed since"), []
             if msg.on:
                 self.frozen_at = max(self.frozen_at, msg.epoch)
                 self.frozen_deltas = msg.deltas
