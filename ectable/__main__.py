@@ -1,4 +1,5 @@
-"""The `ectable` command: node, node add, node drain, spare add, decider, up, down, status, keygen, checkpoint list|inspect, restore, export."""
+"""The `ectable` command: node, node add, node drain, spare add, decider, up, down, status, keygen,
+checkpoint list|inspect, restore, export."""
 from __future__ import annotations
 
 import argparse
@@ -106,6 +107,7 @@ def cmd_add(args) -> None:
         m = store.read_map()
         if m is None:
             raise CommandError("the store holds no cluster map: is the cluster up?")
+        asked = m.nodes
         if endpoint not in m.endpoints:
             if endpoint not in store.presence():
                 raise CommandError(f"{name} is not running: start it on its host first (`ectable node --config "
@@ -129,7 +131,10 @@ def cmd_add(args) -> None:
             time.sleep(0.5)
             m = store.read_map()
         p = m.endpoints.index(endpoint)
-        cluster_config.write_private(path, cluster_config.with_node(data, args.target, m.nodes))
+        if m.nodes == asked and p < asked:  # asked above, and a node died meanwhile with no other spare free
+            raise CommandError(f"{name} took dead position {p} instead (no other spare was free): add another "
+                               f"spare, then ask again")
+        cluster_config.write_private(path, cluster_config.with_node(cluster_config.load(path), args.target, m.nodes))
         print(f"{name} holds position {p}, {m.states[p]}: {m.nodes} positions; {path} lists it as a node now")
     finally:
         store.membership.close()

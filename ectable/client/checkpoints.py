@@ -269,7 +269,7 @@ class Checkpoints:
                     piece = self._checked(chain, manifest, entry, specs)
                     if piece["table"] in specs and piece["rows"]:
                         records = np.concatenate([piece["weights"], piece["state"]], axis=1)
-                        self.client._write({piece["table"]: ("records", piece["ids"], records)})
+                        self.client.put_many({piece["table"]: (piece["ids"], records)}, records=True)
                         rows += piece["rows"]
         except BaseException:
             for name in created:

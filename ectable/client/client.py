@@ -21,8 +21,8 @@ LAPSED = ("this client's writer lease expired (its process lost the membership s
           "no longer take its writes: connect again (a new client)")
 REPLAY_WAIT = 15.0  # longest a client waits for a replacement to apply every writer's replays
 HANDOVER_WAIT = 150.0  # longest a client waits for a frozen node (a drain's handover, a grow) to be moved or thawed:
-# longer than a decider may keep it frozen (cluster.handover: HANDOVER_FLUSH, then two transfers of HANDOVER_TIMEOUT
-# at most, one of whose messages may be lost), so that a lost message costs time, never a failed call
+# longer than a decider keeps it frozen when a message of its two big transfers (HANDOVER_TIMEOUT each) is lost,
+# so that a lost message costs time, not a failed call (a grow of much data takes its encode on top)
 RELAYOUT_TRIES = 4  # times one call is planned again because the cluster was laid out again meanwhile
 
 
@@ -47,7 +47,9 @@ class _Relaid(Exception):
     the old layout is planned again. `left`: the writes of a position not applied there (a frozen node refused
     them), to be written by the new layout."""
 
-    left: list = []
+    def __init__(self, left=()):
+        super().__init__()
+        self.left = list(left)
 
 
 class _Moved(Exception):
@@ -403,11 +405,16 @@ class Client:
                 self._write_node(p, w, entries.get(p))
             except _Relaid as relaid:
                 left += relaid.left
-        if left:
+        for _ in range(RELAYOUT_TRIES if left else 0):  # a second grow meanwhile: nothing of `left` was sent
             self._follow_layout()
-            self._write({table: (kind, np.concatenate([i for t, _, i, _ in left if t == table]),
-                                 np.concatenate([v for t, _, _, v in left if t == table]))
-                         for table, kind in dict.fromkeys((t, k) for t, k, _, _ in left)})
+            try:
+                return self._write({table: (kind, np.concatenate([i for t, _, i, _ in left if t == table]),
+                                            np.concatenate([v for t, _, _, v in left if t == table]))
+                                    for table, kind in dict.fromkeys((t, k) for t, k, _, _ in left)})
+            except _Relaid:
+                continue
+        if left:
+            raise Unavailable(f"the cluster was laid out again {RELAYOUT_TRIES} times during one write")
 
     def _unlog(self, p, entry) -> None:
         """Take a write that was not applied out of p's redo log."""
@@ -464,7 +471,7 @@ class Client:
                 self._unlog(p, entry)
             applied = entry is not None and self.cluster.applied_before_grow(self._sources.get(p), entry.cid,
                                                                               entry.cseq)
-            if applied is None and entry is not None and entry.seq is None:
+            if applied is None:  # more grows came while it waited than the map keeps records of
                 raise Unavailable(f"node {p} was laid out again before it answered a write, and the cluster no "
                                   f"longer records whether it applied it") from None
             relaid.left = [] if applied else writes[degraded:]
@@ -545,9 +552,10 @@ class Client:
     def _close_windows(self, wait: bool = False) -> None:
         """Ask every node to close its window; the replies are collected by the next request
         (so a node's closing overlaps the caller's own work), or now if `wait`."""
-        self._step_due = False
         self._finish_steps()
-        for p in self._positions():
+        positions = self._positions()  # (`_Relaid`: the step stays due, for the call planned again)
+        self._step_due = False
+        for p in positions:
             try:
                 self._steps[p] = self.cluster.channel(p).start(m.Step().header(), [])
             except NodeDown:

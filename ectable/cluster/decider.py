@@ -135,11 +135,10 @@ class Decider:
         strays = plans.strays(m, presence)
         if strays:
             return self._swap(m, m.replace(fenced=m.fenced + tuple(strays))) is not None
-        drains = self.store.drains()
+        drains, grows = self.store.drains(), self.store.grows()
         spares = plans.free_spares(m, presence, drains)
-        if m.dead() and spares:
-            return self._install(m, m.dead()[0], spares, presence)
-        grows = self.store.grows()
+        if m.dead() and spares:  # spares asked to be added go last
+            return self._install(m, m.dead()[0], sorted(spares, key=lambda e: e in grows), presence)
         if grows and self._grow(m, presence, grows, drains):
             return True
         return bool(drains) and self._drain(m, presence, drains, spares)
@@ -357,7 +356,8 @@ class Decider:
         meanwhile leaves them frozen, and the next one thaws them (`plans.frozen`)."""
         for endpoint in sorted(grows.keys() & {m.endpoints[p] for p in m.live()}):
             self.store.cancel_grow(endpoint)
-            self.log(f"epoch {m.epoch}: {endpoint} added: it holds position {m.endpoints.index(endpoint)}")
+            self.log(f"epoch {m.epoch}: {endpoint} holds position {m.endpoints.index(endpoint)}: its request to be "
+                     f"added is closed")
         spare = plans.growable(m, presence, grows, drains)
         if spare is None:
             return False
@@ -373,7 +373,7 @@ class Decider:
                      f"({attempt.summary()})")
             return True
         self.log(f"epoch {m.epoch}: adding {spare} failed ({why}): thawed, to be tried again")
-        self._ask({e: (self.map_header(m), []) for e in [*m.endpoints, spare]})  # nodes given for the new layout go
+        self._ask({spare: (self.map_header(m), [])})  # the spare drops what it was given; the thaw tells the nodes
         self._thaw(list(m.endpoints))
         self.grows_failed[spare] = self.grows_failed.get(spare, 0) + 1
         if self.grows_failed[spare] >= GROW_TRIES:

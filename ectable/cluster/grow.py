@@ -64,7 +64,8 @@ class Grow:
                 f"{'laid out and sent ahead' if self.relayout.sent else 'not sent ahead'} in "
                 f"{at['freeze'] - at['ahead']:.2f}; then frozen {at['done'] - at['freeze']:.2f} s: "
                 f"flush {at['export'] - at['freeze']:.2f}, {self.moved / 2**20:.1f} MiB out "
-                f"{at['build'] - at['export']:.2f}, changed rows laid in and parity encoded {at['take'] - at['build']:.2f}, "
+                f"{at['build'] - at['export']:.2f}, changed rows laid in and parity encoded "
+                f"{at['take'] - at['build']:.2f}, "
                 f"in {at['taken'] - at['take']:.2f}")
 
     def _ask(self, requests: dict) -> dict:
@@ -99,7 +100,7 @@ class Grow:
             requests[endpoint] = (TakeOver(state=state, config=config, rows=True, copy=self.copy,
                                            token=self.token).header(), arrays)
         answers = self._ask(requests)
-        self.relayout.sent = not any(isinstance(a, Exception) or "error" in a[0] for a in answers.values())
+        self.relayout.sent = not any(isinstance(a, Exception) for a in answers.values())
 
     def _freeze(self) -> str | None:
         deadline = self.at["freeze"] + HANDOVER_FLUSH
@@ -108,7 +109,7 @@ class Grow:
             ok, _ = self.decider._ask({e: (freeze, []) for e in self.endpoints})
             silent = [e for e in self.endpoints if e not in ok]
             if silent:
-                return f"{silent[0]} did not answer the freeze"
+                return f"{silent[0]} did not take the freeze"
             busy = {e: ok[e][0].get("not_ready") for e in self.endpoints if ok[e][0].get("not_ready") is not None}
             if not busy:
                 return None
@@ -116,7 +117,7 @@ class Grow:
                 return "nodes did not get quiet: " + "; ".join(f"{e}: {why}" for e, why in sorted(busy.items()))
             clock.sleep(0.01)
 
-    def _export(self, copied: dict) -> str | None:
+    def _export(self, copied: set) -> str | None:
         self.at["export"] = clock.monotonic()
         requests = {e: (HandOver(copied=self.copy if p in copied else None, parity=False,
                                  token=self.token).header(), []) for p, e in enumerate(self.endpoints)}
@@ -141,7 +142,8 @@ class Grow:
         self.at["take"] = clock.monotonic()
         config, targets = self.config.get_config(), self.targets
         copy = self.copy if self.relayout.sent else None
-        answers = self._ask({e: (TakeOver(state=header, config=config, copy=copy, token=self.token).header(), arrays)
+        answers = self._ask({e: (TakeOver(state=header, config=config, copy=copy, epoch=self.m.epoch,
+                                          token=self.token).header(), arrays)
                              for e, (header, arrays) in zip(targets, self.nodes)})
         self.at["taken"] = clock.monotonic()
         for endpoint, source in zip(targets, self.sources):

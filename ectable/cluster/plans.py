@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layout import Layout
-from .map import RETIRED_KEPT, Map
+from .map import RETIRED_GROWS, Map
 
 
 def silent(m: Map, presence: dict) -> list[int]:
@@ -169,12 +169,13 @@ def growable(m: Map, presence: dict, grows: dict, drains=()) -> str | None:
 
 def grown(m: Map, new_config: dict, sources: list, spare: str, key: str | None, marks: list) -> Map:
     """The map of a grow: one more position, held by `spare`; every position under its new identity
-    (`sources`), the old ones fenced and retired with the client marks their nodes had (`marks[p]`)."""
+    (`sources`), the old ones fenced and retired with the client marks their nodes had (`marks[p]`; those of the
+    last RETIRED_GROWS grows are kept: the map stays small)."""
     retired = tuple((s, dict(c)) for s, c in zip(m.sources, marks) if s is not None)
     return m.replace(config=new_config, endpoints=m.endpoints + (spare,), sources=tuple(sources),
                      states=m.states + ("up",), generations=(0,) * (m.nodes + 1),
                      keys=m.keys + (key,) if m.keys else (), fenced=m.fenced + tuple(s for s, _ in retired),
-                     retired=(m.retired + retired)[-RETIRED_KEPT:])
+                     retired=(m.retired + retired)[-RETIRED_GROWS * m.nodes:])
 
 
 def drainable(m: Map, drains: set, spares: list[str]) -> int | None:

@@ -100,13 +100,17 @@ class NodeHost:
             if self.node is not None and not (msg.rows or self.frozen):  # a grow: new rows ahead, the state once frozen
                 return messages.error(ErrorCode.INVALID, f"this node holds position {self.node.position} and is not "
                                                          f"frozen: it takes no state"), []
-            (copy, rows), self.copied_rows = self.copied_rows or (None, None), None
+            copy, rows = self.copied_rows or (None, None)
+            if not msg.rows and msg.copy is not None and msg.copy != copy:
+                return messages.error(ErrorCode.INVALID, f"take_over: the rows held are not copy {msg.copy!r}"), []
+            if self.node is not None and not msg.rows and msg.epoch < self.frozen_at:
+                return messages.error(ErrorCode.INVALID, f"take_over: for epoch {msg.epoch}, frozen since "
+                                                         f"{self.frozen_at} (by a decider that came since)"), []
+            self.copied_rows = None
             try:
                 if msg.rows:
                     self.copied_rows = (msg.copy, handover.copied_rows(msg.state, list(arrays)))
                     return {}, []
-                if msg.copy is not None and msg.copy != copy:
-                    raise InvalidRequest(f"the rows held are not those of copy {msg.copy!r}")
                 began = time.monotonic()
                 self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config), rows,
                                                 own=self.owns_arrays)
@@ -190,8 +194,8 @@ class NodeHost:
             self.announce()  # before the decider hears of it: it then expects this identity
         elif self.node is not None and self._handed_away(endpoints, msg.sources):
             self.leave()  # its identity lives on at another endpoint: a spare again (a drain stops it)
-        if self.node is None:
-            self.pending = None  # a spare told the map as it stands: a handover it was given did not happen
+        if self.node is None:  # a spare told the map as it stands: a handover or grow it was given did not happen
+            self.pending = self.copied_rows = None
             return {"source": None}
         sources = msg.sources
         if not (isinstance(sources, list) and len(sources) == len(endpoints)):

@@ -109,13 +109,15 @@ class LocalCluster(ClusterMap):
         """One more active node (`ectable node add`): a spare is started, and the cluster laid out again over it
         while it serves (see `cluster.grow`); returns its position. Error if the decider did not add it within
         `timeout` seconds (the request is then withdrawn)."""
-        endpoint = self.add_spare()
+        endpoint, asked = self.add_spare(), self.config.nodes
         self.store.request_grow(endpoint)
         deadline = time.monotonic() + timeout
         while True:
             self.refresh()
-            if endpoint in self._map.endpoints:
+            if endpoint in self._map.endpoints and self.config.nodes > asked:
                 return self._map.endpoints.index(endpoint)
+            if endpoint in self._map.endpoints:
+                raise Error(f"the spare at {endpoint} took a dead position instead (no other spare was free)")
             if time.monotonic() > deadline or endpoint not in self.store.grows():
                 self.store.cancel_grow(endpoint)
                 self.refresh()
@@ -200,6 +202,7 @@ class InProcessCluster(StoredMap, LocalCluster):
 
     def wait_replaced(self, p: int) -> None:
         self.decide()
+
     def kill(self, i: int) -> None:
         """Kill active node i: drop its memory (its presence goes with it)."""
         with self.lock:

@@ -360,14 +360,16 @@ class TakeOver(Request):
     """To a spare: the `state` (arrays: its arrays) of the node whose place it takes, with the cluster's
     `config`; it holds that node, unseen, until a map gives it the position under that identity. To a frozen
     node of a growing cluster: the node that replaces it in the new layout (`storage.relayout`), held likewise
-    until a map with that layout gives it its position (a thaw drops it). `copy` names the rows sent ahead
-    that the state completes (refused if the rows held are another copy's). With `rows`,
+    until a map with that layout gives it its position (a thaw drops it), unless frozen since on a later map
+    than `epoch` (a decider deposed meanwhile sent it). `copy` names the rows sent ahead that the state completes
+    (refused if the rows held are another copy's). With `rows`,
     the node's data rows copied before it was frozen (`state` {"tables": names}), which the state laid over
     them completes."""
     state: dict
     config: dict
     rows: bool = False
     copy: str | None = None
+    epoch: int = 0
     token: str | None = None
     node: str | None = None
 

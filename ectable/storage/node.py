@@ -240,7 +240,7 @@ class Node:
             cid = cseq = None
         elif self.gone and writer_of(cid) in self.gone:
             return self._expired(writer_of(cid)), []
-        elif cseq <= self.client_marks.get(cid, 0):  # a retry of a write applied here: apply it once
+        elif self.is_retry(msg):  # a retry of a write applied here: apply it once
             last, seq = self.client_writes.get(cid, (0, 0))
             return {"seq": seq if cseq == last else self.write_seq, "duplicate": True}, []
         work = self._writes(msg.parts, arrays)

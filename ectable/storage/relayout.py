@@ -149,8 +149,8 @@ def _pick(by_id: np.ndarray, layout, q: int) -> np.ndarray:
 
 
 def _slots(layout, node: int, slots):
-    """(slot, the stripes whose slot it is on `node` as a slice, how many) for each of `slots`: the node's local
-    rows of data slot `i` are `j * k + i`, of parity slot `k + j` are `j * r + j'`, for its j-th such stripe."""
+    """(slot, the stripes whose slot it is on `node` as a slice, how many) for each of `slots`. The node keeps the
+    n-th of those stripes' data slot i at local row n * k + i, their parity slot k + j at parity row n * r + j."""
     for t in slots:
         first = (node - t - layout.offset) % layout.nodes
         yield t, slice(first, layout.num_stripes, layout.nodes), len(range(first, layout.num_stripes, layout.nodes))

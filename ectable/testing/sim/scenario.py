@@ -4,9 +4,10 @@ faults, checked against a dict model.
 The seed decides the cluster's shape (code, k, r, nodes, spares, window and rebuild tuning), the
 network's faults (loss, duplicates, delays that reorder), the client's requests, and the chaos:
 SIGKILLs of nodes at any message (never more than r positions unprotected at once), kills of
-deciders (a new one starts later), partitions of a node from everything, late spares, and (one seed in
-three) drains of nodes by an operator, (another one in three) nodes added by one. Two seeds in seven run the client as a `LocalCluster` does, as
-the parent of the node processes: it sees a node exit at once (`SimCluster.sees_exits`).
+deciders (a new one starts later), partitions of a node from everything, late spares, (one seed in
+three) drains of nodes by an operator and (another one in three) nodes added by one. Two seeds in seven
+run the client as a `LocalCluster` does, as the parent of the node processes: it sees a node exit at once
+(`SimCluster.sees_exits`).
 Invariants (SPEC 4.1 and 4.2): every read equals the model; after every `flush()` the parity is
 exact (against zfec for rs); the client never fails while at most r positions are unprotected;
 no node meets an internal error; at the end, once healed and recovered, every record (weights and
