@@ -171,7 +171,7 @@ def test_rows_copied_while_the_node_serves_and_the_changed_ones_after_make_the_s
 def test_a_handover_uses_only_the_last_copy_of_the_rows(tmp_path):
     """Two deciders (one deposed) may copy a node's rows in turn: the flags then count from the later copy, so an
     export against the earlier one is refused (a copy asked for again, by the same name, flags nothing anew), and
-    a thaw needs a later map than the freeze."""
+    a thaw needs a later map than the freeze, and a freeze on an older map than the node's is refused."""
     cluster, client = trained_cluster(tmp_path)
     with cluster, client:
         host, token = cluster._hosts[cluster.endpoints[4]], cluster.decider.token
@@ -181,12 +181,15 @@ def test_a_handover_uses_only_the_last_copy_of_the_rows(tmp_path):
             if copy == second:
                 client.apply_gradient("a", np.arange(5000), np.ones((5000, 8), np.float32))
         assert all((s.window.dirty & handover.SINCE_COPY).any() for s in (host.node.shards["a"],))
-        host.handle(messages.Freeze(epoch=7, token=token).header(), [])
+        epoch = cluster.epoch
+        assert "older than this node's map" in host.handle(messages.Freeze(epoch=epoch - 1, token=token).header(),
+                                                           [])[0]["message"]  # from a decider deposed since
+        host.handle(messages.Freeze(epoch=epoch, token=token).header(), [])
         cluster._deliver()  # the window it closed, to its peers
         stale = host.handle(messages.HandOver(copied=first, token=token).header(), [])[0]
         assert "copied again" in stale["message"] and not host.handed
         reply, arrays = host.handle(messages.HandOver(copied=second, token=token).header(), [])
         assert all(e["changed"] is not None for e in reply["state"]["shards"]) and host.handed
-        assert "later" in host.handle(messages.Freeze(on=False, epoch=7, token=token).header(), [])[0]["message"]
-        assert host.handle(messages.Freeze(on=False, epoch=8, token=token).header(), [])[0]["not_ready"] is None
+        assert "later" in host.handle(messages.Freeze(on=False, epoch=epoch, token=token).header(), [])[0]["message"]
+        assert host.handle(messages.Freeze(on=False, epoch=epoch + 1, token=token).header(), [])[0]["not_ready"] is None
         assert not host.frozen and not host.handed
