@@ -54,6 +54,8 @@ class Grow:
         self.at["ahead"] = clock.monotonic()
         if len(copied) == len(self.endpoints):
             self._send_ahead()
+            if self.relayout.sent:
+                self.relayout.encode()
         self.at["freeze"] = clock.monotonic()
         return self._freeze() or self._export(copied) or self._take_over() or self._swap()
 
@@ -61,7 +63,7 @@ class Grow:
         """Where the time went, for the decider's log."""
         at = self.at
         return (f"rows copied in {at['ahead'] - at['copy']:.2f} s, "
-                f"{'laid out and sent ahead' if self.relayout.sent else 'not sent ahead'} in "
+                f"{'laid out, sent ahead and encoded' if self.relayout.sent else 'not sent ahead'} in "
                 f"{at['freeze'] - at['ahead']:.2f}; then frozen {at['done'] - at['freeze']:.2f} s: "
                 f"flush {at['export'] - at['freeze']:.2f}, {self.moved / 2**20:.1f} MiB out "
                 f"{at['build'] - at['export']:.2f}, changed rows laid in and parity encoded "

@@ -43,6 +43,7 @@ class Relayout:
         self.full: dict[str, np.ndarray] = {}  # table -> its rows by id (padded to whole stripes), as copied
         self.specs: dict[str, TableSpec] = {}
         self.sent = False  # every position was given `rows_for` its new node ahead
+        self.coded: dict[str, list] = {}  # table -> its parity blocks [stripes, width * 4] of the rows as copied
 
     def copied(self, p: int, state: dict, rows: dict) -> None:
         """Lay the rows copied from old position p (`handover.copy_rows`: its state, and {table: rows})."""
@@ -56,6 +57,13 @@ class Relayout:
         """({"tables": names}, rows) of new position q, from the copies: what `copy_rows` gives of a node."""
         names = sorted(self.full)
         return {"tables": names}, [_pick(self.full[name], self.config.layout(self.specs[name]), q) for name in names]
+
+    def encode(self) -> None:
+        """Encode the parity of the rows as copied (while the nodes serve: `finish` then encodes only the stripes
+        whose rows changed since)."""
+        code = self.config.make_code()
+        for name, full in self.full.items():
+            self.coded[name] = _encode(code, full, self.config.k) if self.config.r else []
 
     def finish(self, states: list, sources: list[str]) -> list:
         """[(header, arrays)] of every new position from `states`, the (header, arrays) of `handover.export` of
@@ -71,8 +79,13 @@ class Relayout:
             full, flags, marks, changed = self._gather(name, spec, states)
             layout = self.config.layout(spec)
             k, r, width = layout.k, layout.r, spec.width
-            data = full.view(np.uint8).reshape(-1, k, width * 4)
-            coded = code.encode([np.ascontiguousarray(data[:, i]) for i in range(k)]) if r else []  # per stripe
+            if changed is not None and name in self.coded:  # encoded ahead: only the stripes that changed since
+                coded, stripes = self.coded[name], np.unique(changed // k)
+                touched = full.reshape(-1, k, width)[stripes].reshape(-1, width)
+                for j, block in enumerate(_encode(code, touched, k) if r and stripes.size else []):
+                    coded[j][stripes] = block
+            else:
+                coded = _encode(code, full, k) if r else []
             if changed is not None:
                 where, local = layout.data_node(changed), layout.data_offset(changed)
             for q in range(self.config.nodes):
@@ -123,6 +136,12 @@ class Relayout:
         mark = marks[0] if agreed else {"checkpoint": NO_CHAIN, "full": NO_CHAIN}
         ahead = copied and self.sent
         return full, flags, dict(mark), np.unique(np.concatenate([*changed, todo])) if ahead else None
+
+
+def _encode(code, rows: np.ndarray, k: int) -> list:
+    """The parity blocks [stripes, width * 4] of rows by id (whole stripes of k)."""
+    data = rows.view(np.uint8).reshape(-1, k, rows.shape[1] * 4)
+    return code.encode([np.ascontiguousarray(data[:, i]) for i in range(k)])
 
 
 def _rows_of(spec: TableSpec, k: int) -> np.ndarray:
