@@ -559,11 +559,14 @@ def _scrape(port: int) -> dict:
 
 
 def free_range(n: int) -> int:
-    """The first of `n` consecutive free TCP ports of 127.0.0.1."""
+    """The first of `n` consecutive free TCP ports of 127.0.0.1, below the kernel's ephemeral range (so no
+    socket another test binds to port 0 meanwhile can take one)."""
     import random
     import socket
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
     for _ in range(100):
-        base, socks = random.randrange(20000, 60000 - n), []
+        base, socks = random.randrange(10000, ephemeral - n), []
         try:
             for port in range(base, base + n):
                 socks.append(socket.socket())
