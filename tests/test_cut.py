@@ -33,3 +33,19 @@ def test_a_data_node_ahead_or_a_holder_lagging_is_read_again_whole():
     assert again[0, 1] and again[1, 1] and again.sum() == 2
     again = Repair._inconsistent(NODES, READ, {2}, set(), K, none)
     assert again[0, 2] and again[1, 3] and again.sum() == 2
+
+
+def test_a_holder_replaced_since_the_data_was_read_is_read_again():
+    """Found by simulation seed rs 11: a rebuild's read of a holder went out before that holder died and was
+    answered late by the dead node (it had taken no delta of the row written meanwhile); the data node read
+    later counted no delta to that position (it had learned of the replacement, and deltas to a replacement
+    start anew), so the counts agreed and a row was decoded from parity and data of different moments."""
+    old, new = "node/3/old", "node/3/new"
+    data = {7: ("node/7/a", {"4": 1}, {}, {"3": new, "4": "node/4/b"}, 1)}  # sent 4 one delta; 3 is `new`
+    holders = {3: (old, {}), 4: ("node/4/b", {"node/7/a": 1})}
+    lagging, ahead = Repair._lag(data, holders)
+    assert lagging == {3} and ahead == {7}  # both read again until they agree on who holds position 3
+    holders[3] = (new, {})
+    assert Repair._lag(data, holders) == (set(), set())
+    data[7] = ("node/7/a", {"4": 1}, {}, {"4": "node/4/b"}, 1)  # a data node that never knew position 3
+    assert Repair._lag(data, holders) == (set(), set())

@@ -118,10 +118,16 @@ class Repair:
     @staticmethod
     def _lag(senders, holders) -> tuple[set, set]:
         """(holders that have not applied every delta the data nodes read had sent them, data nodes that
-        sent deltas a holder applied after the data was read)."""
+        sent deltas a holder applied after the data was read). A holder and a data node that disagree on
+        who holds the holder's position are both read again: a data node counts its deltas per node, and
+        sends none to a position it takes for replaced (that parity is rebuilt from data)."""
         lagging, ahead = set(), set()
-        for q, applied in holders.items():
-            for d, (source, sent, *_) in senders.items():
+        for q, (holder, applied) in holders.items():
+            for d, (source, sent, _, peers, _) in senders.items():
+                if peers.get(str(q), holder) != holder:
+                    lagging.add(q)
+                    ahead.add(d)
+                    continue
                 have, want = applied.get(source, 0), int(sent.get(str(q), 0))
                 if have < want:
                     lagging.add(q)
@@ -179,7 +185,7 @@ class Repair:
                 peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
                 cut["senders"][node] = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
             else:
-                cut["holders"][node] = reply["applied"]
+                cut["holders"][node] = (reply.get("source"), reply["applied"])
 
     def _not_rebuilt(self, exc, cut, unread) -> None:
         """A rebuilding node lacks some slots: mark them unread (data ids or parity stripes)."""

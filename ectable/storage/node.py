@@ -505,7 +505,7 @@ class Node:
         shard = self._shard(msg.table)
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
-        return {"applied": dict(self.applied)}, list(shard.read_parity(stripes))
+        return {"source": self.source, "applied": dict(self.applied)}, list(shard.read_parity(stripes))
 
     def op_restore(self, msg, arrays):
         """Install rebuilt data records (kind "data"; arrays ids, records) or parity rows ("parity";
