@@ -107,7 +107,7 @@ def cmd_add(args) -> None:
         m = store.read_map()
         if m is None:
             raise CommandError("the store holds no cluster map: is the cluster up?")
-        asked = m.nodes
+        listed = len(data["nodes"]["endpoints"]) if "nodes" in data else m.nodes  # positions the file knows
         if endpoint not in m.endpoints:
             if endpoint not in store.presence():
                 raise CommandError(f"{name} is not running: start it on its host first (`ectable node --config "
@@ -117,8 +117,10 @@ def cmd_add(args) -> None:
                   f"positions while it serves", flush=True)
         deadline, said = time.monotonic() + args.timeout, None
         while endpoint not in m.endpoints:
-            grows = store.grows()
-            if endpoint not in grows:
+            if endpoint not in store.grows():
+                m = store.read_map()  # added just now (the decider closes the request with the map change)?
+                if endpoint in m.endpoints:
+                    break
                 raise CommandError(f"the adding of {name} was withdrawn (`--cancel`, or attempts that failed: see "
                                    f"the decider's log)")
             now = _grow_waits(m, store.presence(), endpoint)
@@ -131,7 +133,7 @@ def cmd_add(args) -> None:
             time.sleep(0.5)
             m = store.read_map()
         p = m.endpoints.index(endpoint)
-        if m.nodes == asked and p < asked:  # asked above, and a node died meanwhile with no other spare free
+        if p < listed:  # a node died meanwhile with no other spare free
             raise CommandError(f"{name} took dead position {p} instead (no other spare was free): add another "
                                f"spare, then ask again")
         cluster_config.write_private(path, cluster_config.with_node(cluster_config.load(path), args.target, m.nodes))
@@ -142,11 +144,16 @@ def cmd_add(args) -> None:
 
 def _grow_waits(m, presence: dict, endpoint: str) -> str:
     """What an asked-for grow waits for now."""
+    from .cluster import plans
     for p, state in enumerate(m.states):
         if state != "up":
             return f"waiting: position {p} is {state}; the cluster grows once every position is up"
     if m.failing:
         return f"waiting: position {m.failing[0][0]} is being reconciled"
+    late = plans.late_replays(m, presence)
+    if late:
+        return (f"waiting: {late} writer(s) may still replay writes a failed node had applied (each does on its next "
+                f"call, or is forgotten once its lease lapses)")
     if endpoint not in presence:
         return "waiting for the node to announce itself"
     return "the decider lays the cluster out again"

@@ -70,6 +70,8 @@ def test_node_add_from_the_shell_while_training(tmp_path):
         listed = subprocess.run([sys.executable, "-m", "ectable", "spare", "add", "extra", endpoint, "--config",
                                  str(toml)], capture_output=True, text=True, timeout=60)
         assert listed.returncode == 0, listed.stderr
+        stale = tmp_path / "stale.toml"  # a copy whose `node add` timed out before the grow ended
+        stale.write_text(toml.read_text())
         proc = add_command(cluster, toml, "extra")
         deadline = time.monotonic() + 120
         while proc.poll() is None:
@@ -90,6 +92,10 @@ def test_node_add_from_the_shell_while_training(tmp_path):
         again = subprocess.run([sys.executable, "-m", "ectable", "node", "add", "extra", "--config", str(toml)],
                                capture_output=True, text=True, timeout=60)
         assert again.returncode == 1 and again.stderr.count("\n") == 1 and "listed as a node" in again.stderr
+        late = subprocess.run([sys.executable, "-m", "ectable", "node", "add", "extra", "--config", str(stale)],
+                              capture_output=True, text=True, timeout=60)  # run again once added: it says so
+        assert late.returncode == 0 and "holds position 5, up" in late.stdout, (late.stdout, late.stderr)
+        assert cluster_config.find_node(cluster_config.load(str(stale)), "extra") == (5, endpoint)
 
 
 def test_checkpoint_chains_go_on_across_a_grow(tmp_path):
@@ -118,8 +124,9 @@ def test_checkpoint_chains_go_on_across_a_grow(tmp_path):
 def test_a_grow_that_fails_changes_nothing_and_is_tried_again():
     """Nodes in this process: the map change that ends a grow fails once (as when another change comes first):
     every node is thawed and keeps its identity and layout, the spare drops the node it was given and is free
-    again, nothing is lost; the next step adds it. A node that is not frozen takes no new node."""
-    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as cluster:
+    again, nothing is lost, and a drain asked too waits for the next step (the thaw changed the map); the next
+    steps add the spare and drain the node to the other spare. A node that is not frozen takes no new node."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=2, processes=False) as cluster:
         trainer = Trainer(cluster.connect(), "t", rows=3000, dim=8, seed=9)
         trainer.train(rounds=2)
         decider, sources = cluster.decider, [cluster.source(p) for p in range(5)]
@@ -131,9 +138,12 @@ def test_a_grow_that_fails_changes_nothing_and_is_tried_again():
                 return None
             return swap(old, new, guard)
         decider._swap = swap_fails_once
-        spare = next(e for e, h in cluster._hosts.items() if h.node is None)
+        spare, other = sorted(e for e, h in cluster._hosts.items() if h.node is None)
+        leaving = cluster.endpoints[2]
         cluster.store.request_grow(spare)
-        assert not decider.step() and failed  # tried, and failed at the map change
+        cluster.store.request_drain(leaving)
+        assert decider.step() and failed  # tried, and failed at the map change: the thaw wrote the map
+        assert not decider.handovers_failed  # no drain begun on the map from before the thaw
         hosts = [cluster._hosts[e] for e in cluster.endpoints]
         assert not any(h.frozen or h.pending for h in hosts) and cluster._hosts[spare].pending is None
         assert [h.node.source for h in hosts] == sources and cluster.store.read_map().nodes == 5
@@ -144,6 +154,36 @@ def test_a_grow_that_fails_changes_nothing_and_is_tried_again():
         cluster.decide()  # tried again
         assert cluster.config.nodes == 6 and cluster.endpoints[5] == spare and not cluster.store.grows()
         assert not set(sources) & {cluster.source(p) for p in range(6)}  # every position under a new identity
+        assert cluster.endpoints[2] == other and not cluster.store.drains()  # the spare not asked to be added
+        trainer.train(rounds=1)
+        trainer.check("after the grow and the drain")
+
+
+def test_a_spare_left_holding_a_node_by_a_decider_that_died_drops_it():
+    """Nodes in this process: a decider dies between giving every node and the spare their new nodes and the
+    map change (its thaw never comes). The next step thaws the nodes and tells the spare the map, and it drops
+    what it was given; a node given with an older map's epoch is refused; the grow is then done."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as cluster:
+        trainer = Trainer(cluster.connect(), "t", rows=3000, dim=8, seed=9)
+        trainer.train(rounds=1)
+        decider, swap, thaw = cluster.decider, cluster.decider._swap, cluster.decider._thaw
+        decider._swap = lambda old, new, guard=(): None if new.nodes != old.nodes else swap(old, new, guard)
+        decider._thaw = lambda *a, **kw: False  # it died before thawing
+        spare = next(e for e, h in cluster._hosts.items() if h.node is None)
+        cluster.store.request_grow(spare)
+        epoch = cluster.store.read_map().epoch
+        decider.step()
+        host = cluster._hosts[spare]
+        assert host.pending is not None and host.given_at == epoch
+        assert all(cluster._hosts[e].frozen for e in cluster.endpoints)
+        older = host.handle(TakeOver(state={}, config={}, epoch=epoch - 1, token=decider.token).header(), [])[0]
+        assert "given or frozen since" in older["message"] and host.pending is not None
+        decider._swap, decider._thaw = swap, thaw
+        decider.step()  # a decider that comes next
+        assert host.pending is None and not any(cluster._hosts[e].frozen for e in cluster.endpoints)
+        trainer.train(rounds=1)
+        cluster.decide()
+        assert cluster.config.nodes == 6 and cluster.endpoints[5] == spare
         trainer.train(rounds=1)
         trainer.check("after the grow")
 

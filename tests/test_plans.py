@@ -94,6 +94,23 @@ def test_a_handover_in_flight_is_no_stray_and_a_node_it_left_frozen_is_thawed():
     frozen = presence(m, **{m.endpoints[3]: {**seen[m.endpoints[3]], "frozen": True}})
     assert plans.frozen(m, frozen) == [m.endpoints[3]]
     assert plans.frozen(plans.declare_dead(m, [3]), frozen) == []
+    spare = "tcp://127.0.0.1:9001"  # a spare given a node whose map change never came
+    given = presence(m, **{spare: {"endpoint": spare, "source": None, "position": None, "pending": "node/2/c"}})
+    assert plans.given(m, given) == [spare] and plans.given(m, seen) == []
+    assert plans.given(m.with_position(2, endpoint=spare), given) == []  # the map gives it: taken, or about to be
+
+
+def test_no_grow_while_a_writer_may_still_replay_late_into_a_replacement():
+    """A writer awaited past a replacement's deadline replays at once when it next calls: a grow that laid the
+    cluster out meanwhile would leave nowhere for those writes to go."""
+    m, spare = cluster_map(), "tcp://127.0.0.1:9001"
+    seen = presence(m, **{spare: {"endpoint": spare, "source": None, "position": None}})
+    assert plans.growable(m, seen, {spare: 1}) == spare
+    late = {**seen, m.endpoints[4]: {**seen[m.endpoints[4]], "late": 1}}
+    assert plans.late_replays(m, late) == 1 and plans.growable(m, late, {spare: 1}) is None
+    late[m.endpoints[4]]["late"] = "many"  # a presence not of our making counts for nothing
+    assert plans.growable(m, late, {spare: 1}) == spare
+    assert plans.growable(plans.declare_dead(m, [4]), seen, {spare: 1}) is None  # and none with a position down
 
 
 def test_only_holders_behind_a_stripes_most_advanced_forget_their_parity():

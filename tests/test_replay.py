@@ -67,6 +67,17 @@ def test_a_writer_that_does_not_replay_in_time_is_not_waited_for():
     assert "error" not in rows(node)[0]
 
 
+def test_a_writer_awaited_past_the_deadline_is_remembered_until_it_replays_or_lapses():
+    clock = Clock()
+    node = replacement({"late", "lapses"}, clock)
+    clock.now += 60
+    assert "error" not in rows(node)[0] and node.late == {"late", "lapses"}  # served: they replay late
+    node.keep_replayers({"late"})  # "lapses" lost its lease: it never replays
+    assert node.late == {"late"}
+    assert replay(node, "late", entry(1, "A", 1, [3], [[1, 1]]))["done"]  # applied at once
+    assert node.late == set() and node.client_marks == {"A": 1}
+
+
 @pytest.mark.parametrize("header, arrays", [
     ({"op": "replay", "entries": []}, []),
     ({"op": "replay", "replayer": "a", "entries": [[1, "A", 1]]}, []),

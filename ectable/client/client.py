@@ -69,21 +69,18 @@ def _open(method, read: bool = False):
     def call(self, *args, **kwargs):
         if self._closed:
             raise Error("client closed")
-        for _ in range(RELAYOUT_TRIES):
-            self._follow_layout()
+
+        def attempt():
+            if not read:
+                self._send_step()
+            return method(self, *args, **kwargs)
+        out = self._by_layout(attempt)
+        if read:
             try:
-                if not read:
-                    self._send_step()
-                out = method(self, *args, **kwargs)
+                self._send_step()
             except _Relaid:
-                continue
-            if read:
-                try:
-                    self._send_step()
-                except _Relaid:
-                    self._step_due = True  # sent with the next call, by the new layout
-            return out
-        raise Unavailable(f"the cluster was laid out again {RELAYOUT_TRIES} times during one call")
+                self._step_due = True  # sent with the next call, by the new layout
+        return out
     return call
 
 
@@ -181,12 +178,7 @@ class Client:
         once every node knows the node at every live position: a node that still took a replacement's
         position for dead would drop its deltas for the new table's rows there, which no rebuild reads. A grow
         meanwhile: sent again to every node of the new layout (a create or drop is taken twice as once)."""
-        for _ in range(RELAYOUT_TRIES):
-            try:
-                return self._to_every_node_of_the_layout(header)
-            except _Relaid:
-                self._follow_layout()
-        raise Unavailable(f"the cluster was laid out again {RELAYOUT_TRIES} times during one call")
+        self._by_layout(lambda: self._to_every_node_of_the_layout(header))
 
     def _to_every_node_of_the_layout(self, header: dict) -> None:
         self.cluster.refresh()
@@ -405,16 +397,10 @@ class Client:
                 self._write_node(p, w, entries.get(p))
             except _Relaid as relaid:
                 left += relaid.left
-        for _ in range(RELAYOUT_TRIES if left else 0):  # a second grow meanwhile: nothing of `left` was sent
-            self._follow_layout()
-            try:
-                return self._write({table: (kind, np.concatenate([i for t, _, i, _ in left if t == table]),
-                                            np.concatenate([v for t, _, _, v in left if t == table]))
-                                    for table, kind in dict.fromkeys((t, k) for t, k, _, _ in left)})
-            except _Relaid:
-                continue
-        if left:
-            raise Unavailable(f"the cluster was laid out again {RELAYOUT_TRIES} times during one write")
+        if left:  # a second grow meanwhile: nothing of `left` was sent
+            self._by_layout(lambda: self._write({table: (kind, np.concatenate([i for t, _, i, _ in left if t == table]),
+                                                         np.concatenate([v for t, _, _, v in left if t == table]))
+                                                 for table, kind in dict.fromkeys((t, k) for t, k, _, _ in left)}))
 
     def _unlog(self, p, entry) -> None:
         """Take a write that was not applied out of p's redo log."""
@@ -749,6 +735,16 @@ class Client:
         """`_Relaid` if the cluster was laid out again since this client planned its call."""
         if self.cluster.config is not self.config:
             raise _Relaid()
+
+    def _by_layout(self, fn):
+        """fn(), done again by the new layout each time a grow laid the cluster out again meanwhile (`_Relaid`)."""
+        for _ in range(RELAYOUT_TRIES):
+            self._follow_layout()
+            try:
+                return fn()
+            except _Relaid:
+                continue
+        raise Unavailable(f"the cluster was laid out again {RELAYOUT_TRIES} times during one call")
 
     def _follow_layout(self) -> None:
         """Plan by the cluster's layout from now on (a grow laid it out again over more positions, each under a new

@@ -120,10 +120,11 @@ class Decider:
         if dead:
             self.log(f"epoch {m.epoch}: positions {dead} lost their node (presence gone or replaced): declared dead")
             return self._swap(m, plans.declare_dead(m, dead)) is not None
-        frozen = plans.frozen(m, presence)
-        if frozen:  # before a reconcile: a frozen node answers it with `moved` (it would be failed for silence)
-            self.log(f"epoch {m.epoch}: {frozen} left frozen by a handover or grow that did not finish: thawed")
-            return self._thaw(frozen)
+        frozen, given = plans.frozen(m, presence), plans.given(m, presence)
+        if frozen or given:  # before a reconcile: a frozen node answers it with `moved` (it would be failed for silence)
+            self.log(f"epoch {m.epoch}: {frozen + given} left frozen, or given a node, by a handover or grow that did "
+                     f"not finish: thawed")
+            return self._thaw(frozen, given)
         if m.failing:
             return self._reconcile(m, *m.failing[0])
         states = plans.rebuild_states(m, presence)
@@ -136,9 +137,9 @@ class Decider:
         if strays:
             return self._swap(m, m.replace(fenced=m.fenced + tuple(strays))) is not None
         drains, grows = self.store.drains(), self.store.grows()
-        spares = plans.free_spares(m, presence, drains)
-        if m.dead() and spares:  # spares asked to be added go last
-            return self._install(m, m.dead()[0], sorted(spares, key=lambda e: e in grows), presence)
+        spares = sorted(plans.free_spares(m, presence, drains), key=lambda e: e in grows)  # those to add go last
+        if m.dead() and spares:
+            return self._install(m, m.dead()[0], spares, presence)
         if grows and self._grow(m, presence, grows, drains):
             return True
         return bool(drains) and self._drain(m, presence, drains, spares)
@@ -340,8 +341,7 @@ class Decider:
         if why is not None:
             self.log(f"epoch {m.epoch}: handing position {p} over from {endpoint} to {spare} failed ({why}): "
                      f"thawed, to be tried again")
-            self._ask({spare: (self.map_header(m), [])})  # a spare that took the position sees it is not its own
-            self._thaw([endpoint])
+            self._thaw([endpoint], [spare])
             self.handovers_failed[endpoint] = self.handovers_failed.get(endpoint, 0) + 1
             return False
         self.handovers_failed.pop(endpoint, None)
@@ -373,23 +373,24 @@ class Decider:
                      f"({attempt.summary()})")
             return True
         self.log(f"epoch {m.epoch}: adding {spare} failed ({why}): thawed, to be tried again")
-        self._ask({spare: (self.map_header(m), [])})  # the spare drops what it was given; the thaw tells the nodes
-        self._thaw(list(m.endpoints))
+        self._thaw(list(m.endpoints), [spare])
         self.grows_failed[spare] = self.grows_failed.get(spare, 0) + 1
         if self.grows_failed[spare] >= GROW_TRIES:
             self.log(f"epoch {m.epoch}: adding {spare} failed {GROW_TRIES} times: the request is withdrawn")
             self.store.cancel_grow(spare)
             self.grows_failed.pop(spare)
-        return False
+        return True  # the thaw changed the map: decide again on it
 
-    def _thaw(self, endpoints: list[str]) -> bool:
-        """Frozen nodes take writes again. The map is written first (unchanged, at a new epoch), so that a handover
-        of one of them begun on an older map (by a decider deposed meanwhile) can no longer change it; a node
-        frozen since, at that epoch or later, refuses the thaw."""
+    def _thaw(self, endpoints: list[str], spares: list[str] = ()) -> bool:
+        """Frozen nodes take writes again, and `spares` drop the node a handover or grow gave them (told the map as
+        it stands). The map is written first (unchanged, at a new epoch), so that a handover of one of them begun on
+        an older map (by a decider deposed meanwhile) can no longer change it; a node frozen since, at that epoch
+        or later, refuses the thaw."""
         m = self.store.read_map()
         m = m and self._swap(m, m)
         if m is not None:
-            self._ask({e: (Freeze(on=False, epoch=m.epoch, token=self.token).header(), []) for e in endpoints})
+            self._ask({**{e: (Freeze(on=False, epoch=m.epoch, token=self.token).header(), []) for e in endpoints},
+                       **{e: (self.map_header(m), []) for e in spares}})
         return False
 
     def _flush(self, endpoint: str) -> None:

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 from .. import clock
 from ..config import ClusterConfig
-from ..protocol.messages import Freeze, HandOver, TakeOver
+from ..protocol.messages import HandOver, TakeOver
 from ..storage import handover
 from ..storage.relayout import Relayout
 from . import plans
-from .handover import HANDOVER_FLUSH, HANDOVER_TIMEOUT
+from .handover import HANDOVER_FLUSH, HANDOVER_TIMEOUT, freeze
 from .map import Map
+
+GROW_FROZEN = 60.0  # longest the nodes may have been frozen when they are to be given their new nodes: with that
+# transfer (HANDOVER_TIMEOUT at most) and their announcements, well within what clients wait (HANDOVER_WAIT)
 
 
 class Grow:
@@ -46,16 +49,16 @@ class Grow:
         self.at: dict[str, float] = {}
         self.moved = 0  # bytes of state that came from the nodes
         self.marks: list[dict] = []  # per old position, each client's last write its node applied
+        self.ahead = False  # every node of the new layout holds its rows as copied
 
     def run(self) -> str | None:
         """Lay the cluster out again; None once the map has the new layout, else why not."""
         self.at["copy"] = clock.monotonic()
         copied = self._copy_rows()
         self.at["ahead"] = clock.monotonic()
-        if len(copied) == len(self.endpoints):
-            self._send_ahead()
-            if self.relayout.sent:
-                self.relayout.encode()
+        if len(copied) == len(self.endpoints) and self._send_ahead():
+            self.ahead = True
+            self.relayout.encode()
         self.at["freeze"] = clock.monotonic()
         return self._freeze() or self._export(copied) or self._take_over() or self._swap()
 
@@ -63,7 +66,7 @@ class Grow:
         """Where the time went, for the decider's log."""
         at = self.at
         return (f"rows copied in {at['ahead'] - at['copy']:.2f} s, "
-                f"{'laid out, sent ahead and encoded' if self.relayout.sent else 'not sent ahead'} in "
+                f"{'laid out, sent ahead and encoded' if self.ahead else 'not sent ahead'} in "
                 f"{at['freeze'] - at['ahead']:.2f}; then frozen {at['done'] - at['freeze']:.2f} s: "
                 f"flush {at['export'] - at['freeze']:.2f}, {self.moved / 2**20:.1f} MiB out "
                 f"{at['build'] - at['export']:.2f}, changed rows laid in and parity encoded "
@@ -92,32 +95,19 @@ class Grow:
                 copied.add(p)
         return copied
 
-    def _send_ahead(self) -> None:
+    def _send_ahead(self) -> bool:
         """Every node of the new layout is sent its rows, as copied (then only the rows changed since cross while
-        the nodes are frozen)."""
+        the nodes are frozen); whether every one took them."""
         config = self.config.get_config()
         requests = {}
         for q, endpoint in enumerate(self.targets):
             state, arrays = self.relayout.rows_for(q)
             requests[endpoint] = (TakeOver(state=state, config=config, rows=True, copy=self.copy,
                                            token=self.token).header(), arrays)
-        answers = self._ask(requests)
-        self.relayout.sent = not any(isinstance(a, Exception) for a in answers.values())
+        return not any(isinstance(a, Exception) for a in self._ask(requests).values())
 
     def _freeze(self) -> str | None:
-        deadline = self.at["freeze"] + HANDOVER_FLUSH
-        freeze = Freeze(epoch=self.m.epoch, deltas=True, token=self.token).header()
-        while True:
-            ok, _ = self.decider._ask({e: (freeze, []) for e in self.endpoints})
-            silent = [e for e in self.endpoints if e not in ok]
-            if silent:
-                return f"{silent[0]} did not take the freeze"
-            busy = {e: ok[e][0].get("not_ready") for e in self.endpoints if ok[e][0].get("not_ready") is not None}
-            if not busy:
-                return None
-            if clock.monotonic() > deadline:
-                return "nodes did not get quiet: " + "; ".join(f"{e}: {why}" for e, why in sorted(busy.items()))
-            clock.sleep(0.01)
+        return freeze(self.decider, self.endpoints, self.m.epoch, self.at["freeze"] + HANDOVER_FLUSH, deltas=True)
 
     def _export(self, copied: set) -> str | None:
         self.at["export"] = clock.monotonic()
@@ -142,8 +132,10 @@ class Grow:
     def _take_over(self) -> str | None:
         """Every node, and the spare, is given its node of the new layout; they announce the identity to take."""
         self.at["take"] = clock.monotonic()
+        if self.at["take"] - self.at["freeze"] > GROW_FROZEN:
+            return f"frozen {self.at['take'] - self.at['freeze']:.0f} s already (longer than {GROW_FROZEN:g})"
         config, targets = self.config.get_config(), self.targets
-        copy = self.copy if self.relayout.sent else None
+        copy = self.copy if self.ahead else None
         answers = self._ask({e: (TakeOver(state=header, config=config, copy=copy, epoch=self.m.epoch,
                                           token=self.token).header(), arrays)
                              for e, (header, arrays) in zip(targets, self.nodes)})

@@ -24,6 +24,24 @@ HANDOVER_FLUSH = 5.0  # longest a handover waits for the frozen node to get quie
 HANDOVER_TIMEOUT = 60.0  # longest one transfer of a node's memory (to the decider, then to the spare) may take
 
 
+def freeze(decider, endpoints: list[str], epoch: int, deadline: float, deltas: bool = False) -> str | None:
+    """Freeze the nodes at `endpoints` on map `epoch` (with `deltas`, they still take their peers') and wait until
+    each is quiet (its window closed, its deltas acknowledged), until `deadline` at most; None once they are, else
+    why not."""
+    request = Freeze(epoch=epoch, deltas=deltas, token=decider.token).header()
+    while True:
+        ok, _ = decider._ask({e: (request, []) for e in endpoints})
+        silent = [e for e in endpoints if e not in ok]
+        if silent:
+            return f"{silent[0]} did not answer the freeze"
+        busy = {e: why for e in endpoints if (why := ok[e][0].get("not_ready")) is not None}
+        if not busy:
+            return None
+        if clock.monotonic() > deadline:
+            return "not quiet in time: " + "; ".join(f"{e}: {why}" for e, why in sorted(busy.items()))
+        clock.sleep(0.01)
+
+
 class Handover:
     """One attempt to move position `p` of map `m` to `spare` (`guard`: the drain request still stands)."""
 
@@ -63,17 +81,7 @@ class Handover:
         return None if isinstance(self._ask(self.spare, header, rows[1]), Exception) else copy
 
     def _freeze(self) -> str | None:
-        deadline, freeze = self.at["freeze"] + HANDOVER_FLUSH, Freeze(epoch=self.m.epoch, token=self.token)
-        while True:
-            ok, _ = self.decider._ask({self.endpoint: (freeze.header(), [])})
-            if self.endpoint not in ok:
-                return "it did not answer the freeze"
-            why = ok[self.endpoint][0].get("not_ready")
-            if why is None:
-                return None
-            if clock.monotonic() > deadline:
-                return f"it did not get quiet: {why}"
-            clock.sleep(0.01)
+        return freeze(self.decider, [self.endpoint], self.m.epoch, self.at["freeze"] + HANDOVER_FLUSH)
 
     def _export(self, copied: str | None) -> str | None:
         self.at["export"] = clock.monotonic()
@@ -89,7 +97,7 @@ class Handover:
         self.at["take"] = clock.monotonic()
         header, arrays = self.state
         answer = self._ask(self.spare, TakeOver(state=header["state"], config=self.m.config, copy=self.copied,
-                                                token=self.token), arrays)
+                                                epoch=self.m.epoch, token=self.token), arrays)
         self.at["taken"] = clock.monotonic()
         if isinstance(answer, Exception):
             return f"{self.spare} did not take the state: {answer}"

@@ -45,8 +45,8 @@ class ClusterMap:
 
     def relaid(self, config: ClusterConfig) -> None:
         """The map lays the cluster out over more positions (a grow): clients plan by `config` from now on. The
-        redo logs begin again: the grow took place once every node was quiet (each write in parity), and nothing
-        was written since."""
+        redo logs begin again: the grow took place once every node was quiet (each write in parity) and no writer
+        owed a late replay (`plans.growable`), and nothing was written since."""
         self.config = config
         self.redo_log[:] = [deque() for _ in range(config.nodes)]
         self.replays.clear()
@@ -183,7 +183,7 @@ class StoredMap:
             return
         self._read_at, self._map, self._spares, self._present = began, m, spares, present
         config = getattr(self, "config", None)  # (none yet while a cluster reached remotely reads its first map)
-        if config is not None and m.config.get("nodes") != config.nodes and ClusterConfig(**m.config) != config:
+        if config is not None and m.config.get("nodes") != config.nodes:
             self.relaid(ClusterConfig(**m.config))
         for endpoint in self._channels.keys() - set(m.endpoints):  # a node replaced: its sockets are freed
             self._channels.pop(endpoint).close()

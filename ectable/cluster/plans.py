@@ -77,6 +77,14 @@ def frozen(m: Map, presence: dict) -> list[str]:
             and presence[m.endpoints[p]].get("source") == m.sources[p]]
 
 
+def given(m: Map, presence: dict) -> list[str]:
+    """Endpoints of spares that hold a node a handover or a grow gave them (`pending`) which no map gives them:
+    left by a decider that died before its map change (a decider does either within one step)."""
+    taken = {m.endpoints[p] for p in m.live()}
+    return [e for e, info in sorted(presence.items())
+            if info.get("pending") and info.get("position") is None and e not in taken]
+
+
 def arriving(m: Map, presence: dict) -> list[str]:
     """Endpoints of spares that took a dead position the map does not give them yet (being installed)."""
     return [e for e, info in sorted(presence.items())
@@ -159,12 +167,19 @@ def drain_waits(m: Map, spares: list[str]) -> str | None:
 
 def growable(m: Map, presence: dict, grows: dict, drains=()) -> str | None:
     """The spare to add as a new position now (`ectable node add`): the first asked for that is a free spare,
-    once every position is up (none dead, reconciling or rebuilding). None: no grow now."""
+    once every position is up (none dead, reconciling or rebuilding) and no writer may still replay late what a
+    replaced node had applied (the new layout's nodes would not know where it goes). None: no grow now."""
     spares = free_spares(m, presence, drains)
     wanted = [e for e in sorted(grows) if e in spares]
-    if not wanted or any(s != "up" for s in m.states) or m.failing:
+    if not wanted or any(s != "up" for s in m.states) or m.failing or late_replays(m, presence):
         return None
     return wanted[0]
+
+
+def late_replays(m: Map, presence: dict) -> int:
+    """Writers that may still replay late into a live position's node (each counted per node)."""
+    live = {m.endpoints[p] for p in m.live()}
+    return sum(n for e, info in presence.items() if e in live and isinstance(n := info.get("late"), int) and n > 0)
 
 
 def grown(m: Map, new_config: dict, sources: list, spare: str, key: str | None, marks: list) -> Map:

@@ -49,6 +49,7 @@ class NodeHost:
         self.frozen = False  # a drain's handover: the node changes no more (`freeze`)
         self.handed = False  # its state was handed over: it answers nothing but `moved`
         self.frozen_at = 0  # the map epoch of the last freeze: only a thaw of a later epoch is taken
+        self.given_at = 0  # a spare: the map epoch of the last node it was given; an older one is refused
         self.frozen_deltas = False  # frozen, it still takes peers' deltas until handed over (a grow)
         self.pending: Node | None = None  # a spare: the node it takes over once a map gives it that position
         self.copied_rows: tuple | None = None  # (copy, {table: rows}): rows sent ahead of the node it is to take
@@ -105,9 +106,10 @@ class NodeHost:
             copy, rows = self.copied_rows or (None, None)
             if not msg.rows and msg.copy is not None and msg.copy != copy:
                 return messages.error(ErrorCode.INVALID, f"take_over: the rows held are not copy {msg.copy!r}"), []
-            if self.node is not None and not msg.rows and msg.epoch < self.frozen_at:
-                return messages.error(ErrorCode.INVALID, f"take_over: for epoch {msg.epoch}, frozen since "
-                                                         f"{self.frozen_at} (by a decider that came since)"), []
+            since = self.frozen_at if self.node is not None else self.given_at
+            if not msg.rows and msg.epoch < since:
+                return messages.error(ErrorCode.INVALID, f"take_over: for epoch {msg.epoch}, given or frozen since "
+                                                         f"{since} (by a decider that came since)"), []
             self.copied_rows = None
             try:
                 if msg.rows:
@@ -116,6 +118,7 @@ class NodeHost:
                 began = time.monotonic()
                 self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config), rows,
                                                 own=self.owns_arrays)
+                self.given_at = max(self.given_at, msg.epoch)
             except (InvalidRequest, TypeError, ValueError) as exc:
                 return messages.error(ErrorCode.INVALID, f"take_over: {exc}"), []
             self.pending.lazy_close = self.lazy_close
@@ -272,12 +275,13 @@ class NodeHost:
 
     def beat(self) -> dict:
         """This node's presence: who it is, whether (and since which invalidation) it rebuilds, whether a handover
-        froze it, and the identity it was given to take once a map gives it (`pending`)."""
+        froze it, the identity it was given to take once a map gives it (`pending`), and how many writers may
+        still replay late what a node it replaced had applied (`late`)."""
         node = self.node
         return {"endpoint": self.endpoint, "source": node and node.source, "position": node and node.position,
                 "rebuilding": bool(node and node.rebuilding), "generation": node.generation if node else 0,
                 "key": self.keys and self.keys["public"], "frozen": self.frozen,
-                "pending": self.pending and self.pending.source}
+                "pending": self.pending and self.pending.source, "late": len(node.late) if node else 0}
 
     def follow_map(self, latest) -> None:
         """Take a map read from the store (`cluster.map.Map`): leave if it fences this node's identity,

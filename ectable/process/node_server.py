@@ -158,7 +158,8 @@ class NodeServer(NodeHost):
                 if self.node is not None and self.presence.writers_read != self.writers_taken:
                     self.writers_taken = self.presence.writers_read
                     self.node.expire_writers(self.presence.writers)  # only after a fresh read of them
-                if self.node is not None and self.node.replay_from is not None and self.presence.writers is not None:
+                if self.node is not None and (self.node.replay_from is not None or self.node.late) \
+                        and self.presence.writers is not None:
                     self.node.keep_replayers(self.presence.writers)
             self.rebuild()
             self.measure()

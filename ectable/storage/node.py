@@ -95,6 +95,7 @@ class Node:
         self.skipped_from: dict[str, int] = {}  # source -> first seq since which `skipped` is complete
         self.replay_from: set[str] | None = None  # writers whose replays a replacement still waits for
         self.replay_deadline = 0.0
+        self.late: set[str] = set()  # writers awaited past the deadline: they replay late (at once), or lapse
         self.replay_buffer: list = []  # (dead node's seq, arrival, replayer, entry number, cid, cseq, writes)
         self.replayed: set[str] = set()  # writers that replayed here
         self.replay_seqs: dict[str, dict] = {}  # replayer -> entry number -> this node's seq for it
@@ -309,6 +310,7 @@ class Node:
 
     def keep_replayers(self, writers) -> None:
         """Writers still alive: a writer that died replays nothing."""
+        self.late &= set(writers)
         if self.replay_from is not None:
             self.replay_from &= set(writers)
             self._maybe_end_replays()
@@ -318,6 +320,7 @@ class Node:
         if self.replay_from is not None:
             if self.replay_from and self.clock() < self.replay_deadline:
                 return
+            self.late |= self.replay_from
             self.replay_from = None
         if not self.replay_buffer:
             return
@@ -351,6 +354,7 @@ class Node:
                 shard.local(ids, rebuilt=False)  # rows of this node only: they are applied later, all or none
             self._need_rebuilt([(shard, ids) for w in work for shard, _, ids, _ in w])
             self.replayed.add(replayer)
+            self.late.discard(replayer)
             self.writer_seen[replayer] = self.clock()
             for n, ((seq, cid, cseq, _), w) in enumerate(zip(entries, work)):
                 self.replay_buffer.append((seq, len(self.replay_buffer), replayer, n, cid, cseq, w))

@@ -33,8 +33,9 @@ NO_CHAIN = ["relayout", -1]  # the checkpoint mark of a table whose nodes' marks
 
 class Relayout:
     """The `config.nodes` positions of a cluster of `old_nodes` laid out again, built in two steps: from the rows
-    copied while the nodes serve (`copied`, then `rows_for(q)`, sent to the node at q ahead: `sent`), and from
-    the frozen nodes' exports (`finish`), which then carry only the rows changed since."""
+    copied while the nodes serve (`copied`, then `rows_for(q)`, sent to the node at q ahead, and `encode` once
+    every node has them), and from the frozen nodes' exports (`finish`), which then carry only the rows changed
+    since."""
 
     def __init__(self, config: ClusterConfig, old_nodes: int):
         if config.nodes <= old_nodes:
@@ -42,7 +43,6 @@ class Relayout:
         self.config, self.old = config, ClusterConfig(**{**config.get_config(), "nodes": old_nodes})
         self.full: dict[str, np.ndarray] = {}  # table -> its rows by id (padded to whole stripes), as copied
         self.specs: dict[str, TableSpec] = {}
-        self.sent = False  # every position was given `rows_for` its new node ahead
         self.coded: dict[str, list] = {}  # table -> its parity blocks [stripes, width * 4] of the rows as copied
 
     def copied(self, p: int, state: dict, rows: dict) -> None:
@@ -59,8 +59,8 @@ class Relayout:
         return {"tables": names}, [_pick(self.full[name], self.config.layout(self.specs[name]), q) for name in names]
 
     def encode(self) -> None:
-        """Encode the parity of the rows as copied (while the nodes serve: `finish` then encodes only the stripes
-        whose rows changed since)."""
+        """Encode the parity of the rows as copied, once every new position holds its rows as copied (`finish` then
+        sends only the rows changed since, and encodes only their stripes)."""
         code = self.config.make_code()
         for name, full in self.full.items():
             self.coded[name] = _encode(code, full, self.config.k) if self.config.r else []
@@ -134,7 +134,7 @@ class Relayout:
             full[todo, : spec.dim] = init_rows(spec.init, spec.seed, spec.name, todo, spec.dim)
         agreed = all(mark == marks[0] for mark in marks)
         mark = marks[0] if agreed else {"checkpoint": NO_CHAIN, "full": NO_CHAIN}
-        ahead = copied and self.sent
+        ahead = copied and name in self.coded
         return full, flags, dict(mark), np.unique(np.concatenate([*changed, todo])) if ahead else None
 
 
@@ -198,21 +198,23 @@ def _header(q: int, source: str, states: list) -> dict:
     writers and identities, merged (the checkpoint writer of the old node at q, which clients may still ask)."""
     headers = [h for h, _ in states]
     fenced = set().union(*(h["fenced"] for h in headers)) | {h["source"] for h in headers}
-    seen: dict = {}
-    for h in headers:
-        for w, age in h["writer_seen"].items():
-            seen[w] = min(age, seen.get(w, age))
-    gone: dict = {}
-    for h in headers:
-        for w, age in h["gone"]:
-            gone[w] = min(age, gone.get(w, age))
+    seen, gone = _youngest(h["writer_seen"].items() for h in headers), _youngest(h["gone"] for h in headers)
     return {
         "version": VERSION, "position": q, "source": source, "generation": 0, "shards": [],
         "dropped": sorted(set().union(*(h["dropped"] for h in headers))),
         "write_seq": 0, "closed_windows": 0, "durable_window": 0, "next_seq": [], "applied": {},
         "fenced": sorted(fenced), "skipped_from": {}, "promised": {}, "rejected": 0,
         "client_marks": {}, "closed_marks": {}, "client_writes": {}, "applied_clients": {},
-        "retained": {"base": 0, "level": {}, "windows": {}}, "replayed": [], "replay_seqs": {},
+        "retained": {"base": 0, "level": {}, "windows": {}}, "replayed": [], "late": [], "replay_seqs": {},
         "writer_seen": seen, "gone": sorted([w, age] for w, age in gone.items()),
         "writer": headers[q]["writer"] if q < len(headers) else None,
     }
+
+
+def _youngest(ages) -> dict:
+    """{writer: the least of its ages} over several nodes' [(writer, age)]."""
+    out: dict = {}
+    for pairs in ages:
+        for w, age in pairs:
+            out[w] = min(age, out.get(w, age))
+    return out

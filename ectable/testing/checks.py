@@ -4,27 +4,14 @@ from __future__ import annotations
 import numpy as np
 import zfec
 
-from ..client.client import _Relaid
 from ..errors import NodeDown
 from ..protocol.messages import GetParity
 from ..storage.shard import NotRebuilt
 
 
-def _again_if_relaid(client, check):
-    """check(), done again by the new layout if a grow laid the cluster out again meanwhile (these checks read
-    through the client's insides, below the calls that do so themselves)."""
-    for _ in range(4):
-        client._follow_layout()
-        try:
-            return check()
-        except _Relaid:
-            continue
-    raise AssertionError("the cluster was laid out again 4 times during one check")
-
-
 def read_records(client, table: str, ids) -> np.ndarray:
     """Whole records (weights + optimizer state) of rows, from their nodes or decoded if they are down."""
-    return _again_if_relaid(client, lambda: _read_records(client, table, ids))
+    return client._by_layout(lambda: _read_records(client, table, ids))
 
 
 def check_parity(cluster, client) -> None:
@@ -33,7 +20,7 @@ def check_parity(cluster, client) -> None:
     Call after `client.flush()`. Parity is read from the nodes over their transport; RS parity
     is compared with zfec's own encoder, XOR with numpy.
     """
-    _again_if_relaid(client, lambda: _check_parity(cluster, client))
+    client._by_layout(lambda: _check_parity(cluster, client))
 
 
 def _read_records(client, table: str, ids) -> np.ndarray:

@@ -77,7 +77,7 @@ class SimNodeHost(NodeHost):
             self.follow_map(self.store.read_map())
             if self.node is not None:
                 writers = self.store.writers()
-                if self.node.replay_from is not None:
+                if self.node.replay_from is not None or self.node.late:
                     self.node.keep_replayers(writers)
                 self.node.expire_writers(writers)
         self.rebuild()
