@@ -145,18 +145,8 @@ def cmd_add(args) -> None:
 def _grow_waits(m, presence: dict, endpoint: str) -> str:
     """What an asked-for grow waits for now."""
     from .cluster import plans
-    for p, state in enumerate(m.states):
-        if state != "up":
-            return f"waiting: position {p} is {state}; the cluster grows once every position is up"
-    if m.failing:
-        return f"waiting: position {m.failing[0][0]} is being reconciled"
-    late = plans.late_replays(m, presence)
-    if late:
-        return (f"waiting: {late} writer(s) may still replay writes a failed node had applied (each does on its next "
-                f"call, or is forgotten once its lease lapses)")
-    if endpoint not in presence:
-        return "waiting for the node to announce itself"
-    return "the decider lays the cluster out again"
+    why = plans.grow_waits(m, presence) or (None if endpoint in presence else "the node to announce itself")
+    return f"waiting: {why}" if why else "the decider lays the cluster out again"
 
 
 def cmd_spare(args) -> None:

@@ -108,9 +108,12 @@ def test_no_grow_while_a_writer_may_still_replay_late_into_a_replacement():
     assert plans.growable(m, seen, {spare: 1}) == spare
     late = {**seen, m.endpoints[4]: {**seen[m.endpoints[4]], "late": 1}}
     assert plans.late_replays(m, late) == 1 and plans.growable(m, late, {spare: 1}) is None
+    assert plans.grow_waits(m, late).startswith("1 writer(s) may still replay") and plans.grow_waits(m, seen) is None
     late[m.endpoints[4]]["late"] = "many"  # a presence not of our making counts for nothing
     assert plans.growable(m, late, {spare: 1}) == spare
     assert plans.growable(plans.declare_dead(m, [4]), seen, {spare: 1}) is None  # and none with a position down
+    assert plans.grow_waits(plans.declare_dead(m, [4]), seen) == "position 4 is dead: a grow waits until every " \
+                                                                 "position is up"
 
 
 def test_only_holders_behind_a_stripes_most_advanced_forget_their_parity():

@@ -155,25 +155,35 @@ def drain_waits(m: Map, spares: list[str]) -> str | None:
     """Why no drain may start now (None: one may). A drain hands a position to a spare, and fails it over if
     handing it over keeps failing: it starts only when every position is up (none dead, reconciling or
     rebuilding) and a free spare (`spares`) can take the place."""
+    return not_up(m, "a drain") or (None if spares else "no free spare to take its place (add one: `ectable "
+                                                          "spare add`)")
+
+
+def not_up(m: Map, what: str) -> str | None:
+    """Which position is not up (dead, rebuilding, or being reconciled), for `what` that waits for every one."""
     for p in range(m.nodes):
         if m.states[p] != "up":
-            return f"position {p} is {m.states[p]}: a drain waits until every position is up"
+            return f"position {p} is {m.states[p]}: {what} waits until every position is up"
     if m.failing:
         return f"position {m.failing[0][0]} is being reconciled"
-    if not spares:
-        return "no free spare to take its place (add one: `ectable spare add`)"
     return None
+
+
+def grow_waits(m: Map, presence: dict) -> str | None:
+    """Why no grow may start now (None: one may): every position must be up, and no writer may still replay late
+    what a replaced node had applied (the new layout's nodes would not know where those writes go)."""
+    late = late_replays(m, presence)
+    if late:
+        return (f"{late} writer(s) may still replay writes a failed node had applied (each does on its next call, "
+                f"or is forgotten once its lease lapses)")
+    return not_up(m, "a grow")
 
 
 def growable(m: Map, presence: dict, grows: dict, drains=()) -> str | None:
     """The spare to add as a new position now (`ectable node add`): the first asked for that is a free spare,
-    once every position is up (none dead, reconciling or rebuilding) and no writer may still replay late what a
-    replaced node had applied (the new layout's nodes would not know where it goes). None: no grow now."""
-    spares = free_spares(m, presence, drains)
-    wanted = [e for e in sorted(grows) if e in spares]
-    if not wanted or any(s != "up" for s in m.states) or m.failing or late_replays(m, presence):
-        return None
-    return wanted[0]
+    once `grow_waits` allows. None: no grow now."""
+    wanted = [e for e in sorted(grows) if e in free_spares(m, presence, drains)]
+    return wanted[0] if wanted and grow_waits(m, presence) is None else None
 
 
 def late_replays(m: Map, presence: dict) -> int:

@@ -15,6 +15,7 @@ import threading
 
 from .. import clock
 from ..client import Client
+from ..client.client import _Relaid
 from ..errors import Error, Unavailable
 
 
@@ -39,7 +40,10 @@ class RebuildRounds:
         if cluster.source(self.position) != self.source:
             return None
         began = clock.monotonic()
-        if not self.client._rebuild_some(self.position, cluster.config.rebuild_batch):
+        try:
+            if not self.client._rebuild_some(self.position, cluster.config.rebuild_batch):
+                return None
+        except _Relaid:  # laid out again (a grow, once this node was up): no position holds this identity now
             return None
         share = min(max(cluster.config.rebuild_share, 0.01), 1.0)
         return (clock.monotonic() - began) * (1 - share) / share
