@@ -3,9 +3,9 @@
 Hosts a, b and c each run an etcd member, two nodes (systemd units `ectable-node@a-0`, `@a-1`) and,
 on a and b, a decider; rs(4,2) over six nodes survives the loss of a whole host. Host d joins
 later with a spare, `trainer` runs the training job and `ectable status`. Node c-1 is drained (its
-position handed to the spare) and d starts a second spare. Then host b fails (its
-link goes down), the spare takes one of its positions, the other is served through the parity,
-and every row is checked; at the end a new cluster on a, c and d is restored from the
+position handed to the spare); d starts a second spare, which is added as a seventh position (the
+cluster laid out again over seven nodes), and a third. Then host b fails (its link goes down), the
+spare takes one of its positions, the other is served through the parity, and every row is checked; at the end a new cluster on a, c and d is restored from the
 checkpoint and checked row by row. Prints the transcript (Markdown) it runs; `make walkthrough`
 writes it to docs/walkthrough.md:
 
@@ -116,8 +116,8 @@ def walk_through(workdir: str) -> None:
                  "198.18.0.1–5 (a test network); the paths are shortened.")
         walk.say("## Keys and the cluster file\n\nOn the operator's machine: one key pair per node (spares to come "
                  "included), decider and client.")
-        walk.shell("trainer", [*ectable, "keygen", "--out", "keys", "--nodes", "8", "--deciders", "2", "--clients", "2"],
-                   "ectable keygen --out keys --nodes 8 --deciders 2 --clients 2")
+        walk.shell("trainer", [*ectable, "keygen", "--out", "keys", "--nodes", "9", "--deciders", "2", "--clients", "2"],
+                   "ectable keygen --out keys --nodes 9 --deciders 2 --clients 2")
         etcd = [f"http://{address[h]}:2379" for h in "abc"]
         cluster = {"cluster": {"nodes": 6, "code": "rs", "k": 4, "r": 2},
                    "nodes": {"endpoints": [f"tcp://{address[h]}:{7000 + i}" for h, i in NODES],
@@ -205,9 +205,21 @@ def walk_through(workdir: str) -> None:
         walk.say("```\nc$ systemctl disable ectable-node@c-1    # it exited when told: keep it from starting again\n```")
         walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
         walk.shell("trainer", [py, "-"], "python - < check.py", stdin=CHECK.format(config="client.toml", ref=ref))
-        walk.say("Host d starts another spare, d-1, for what comes next (listed and started as d-0 was, with "
-                 "`keys/node-7.toml`'s section):")
-        spare = add_spare(1)
+
+        walk.say("## Adding a node\n\nThe cluster is to grow by a node: host d starts another spare, d-1 (listed and "
+                 "started as d-0 was, with `keys/node-7.toml`'s section), and the operator adds it. Placement rotates "
+                 "stripes over every position, so nearly every row moves: the decider copies every node's rows while "
+                 "they serve, sends each node its rows of the new layout ahead, then freezes every node, takes the "
+                 "rows changed meanwhile, encodes the parity again and gives every node its new rows and parity; one "
+                 "map change makes d-1 position 6, every position under a new identity. The command waits, and then "
+                 "lists d-1 as a node in the cluster file.")
+        add_spare(1)
+        walk.shell("trainer", [*ectable, "node", "add", "d-1", "--config", "cluster.toml"],
+                   "ectable node add d-1 --config cluster.toml")
+        walk.shell("trainer", [*ectable, "status", "--config", "client.toml"], "ectable status --config client.toml")
+        walk.shell("trainer", [py, "-"], "python - < check.py", stdin=CHECK.format(config="client.toml", ref=ref))
+        walk.say("Host d starts a third spare, d-2, for what comes next (with `keys/node-8.toml`'s section):")
+        spare = add_spare(2)
 
         walk.say("## A host fails\n\nHost b goes off the network (its link down: etcd member, decider and nodes 2 and 3 "
                  "with it). Within a few seconds their leases run out; the decider on a (which takes over if b's was "
