@@ -200,7 +200,9 @@ class NodeHost:
         elif self.node is not None and self._handed_away(endpoints, msg.sources):
             self.leave()  # its identity lives on at another endpoint: a spare again (a drain stops it)
         if self.node is None:  # a spare told the map as it stands: a handover or grow it was given did not happen
-            self.pending = self.copied_rows = None
+            given, self.pending, self.copied_rows = self.pending, None, None
+            if given is not None:
+                self.announce()  # no longer `pending`: the decider tells it no more
             return {"source": None}
         sources = msg.sources
         if not (isinstance(sources, list) and len(sources) == len(endpoints)):
