@@ -11,6 +11,7 @@ import pytest
 
 import ectable
 from ectable import config as cluster_config
+from ectable.cluster import plans
 from ectable.config import ClusterConfig
 from ectable.errors import InvalidRequest
 from ectable.protocol.messages import ErrorCode, Freeze, HandOver, TakeOver, Write
@@ -248,3 +249,47 @@ def test_a_write_applied_just_before_a_grow_whose_answer_was_lost_is_applied_onc
         client.apply_gradient("t", ids, np.ones((100, 2), np.float32))
         assert "seq" in applied[0][0] and cluster.config.nodes == 6
         np.testing.assert_array_equal(client.get("t", ids), np.full((100, 2), np.float32(-0.01)))
+
+
+
+def test_a_grow_waits_for_a_writer_that_may_still_replay_late(tmp_path):
+    """Node processes: a second trainer's put sits in node 1's open window when node 1 is SIGKILLed; that trainer
+    stays idle, so the replacement stops waiting for its replay (10 s) and serves. A grow asked for then waits
+    (the replacement counts the trainer as `late`); the trainer's next call replays the put, and only then is the
+    node added. Without the wait the grow laid the cluster out first, and the put was lost."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=2, window_seconds=3600) as cluster:
+        toml = tmp_path / "cluster.toml"
+        cluster_config.write_private(str(toml), cluster.describe())
+        trainer = Trainer(cluster.connect(), "t", rows=3000, dim=8, seed=5)
+        trainer.train(rounds=1)
+        idle = ectable.connect(str(toml))  # a trainer of its own: another writer
+        idle.create_table("u", num_rows=400, dim=4)
+        ids = np.flatnonzero(idle._table("u")[1].data_node(np.arange(400)) == 1)
+        values = np.arange(ids.size * 4, dtype=np.float32).reshape(-1, 4)
+        idle.put("u", ids, values)  # in node 1's open window only
+        killed = cluster.endpoints[1]
+        cluster.kill(1)
+        deadline = time.monotonic() + 120
+        while True:  # node 1 failed over; its replacement waits out the idle writer's replay, then rebuilds
+            trainer.train(rounds=1)
+            m = cluster.store.read_map()
+            if m.endpoints[1] != killed and m.states[1] == "up" and \
+                    (cluster.store.presence().get(m.endpoints[1]) or {}).get("late") == 1:
+                break
+            assert time.monotonic() < deadline, "node 1 was not replaced, or its replacement waits for the writer"
+        spare = next(e for e in cluster.store.presence() if e not in m.endpoints)
+        cluster.store.request_grow(spare)
+        assert "1 writer(s) may still replay" in plans.grow_waits(cluster.store.read_map(), cluster.store.presence())
+        time.sleep(2)  # the deciders step several times meanwhile
+        assert cluster.store.read_map().nodes == 5 and spare in cluster.store.grows()
+        np.testing.assert_array_equal(idle.get("u", ids), values)  # its next call replays the put (within LATE_WAIT)
+        deadline = time.monotonic() + 120
+        while cluster.store.read_map().nodes == 5:
+            assert time.monotonic() < deadline, "the node was not added"
+            time.sleep(0.1)
+        cluster.refresh()
+        assert cluster.endpoints[5] == spare
+        np.testing.assert_array_equal(idle.get("u", ids), values)
+        trainer.train(rounds=1)
+        trainer.check("after the grow")
+        idle.close()

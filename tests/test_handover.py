@@ -16,7 +16,7 @@ from ectable.transport import codec
 pytestmark = pytest.mark.timeout(120)
 
 NOT_STATE = {"clock", "config", "code", "spec", "layout", "optimizer", "_order", "_local", "_delta", "sources"}
-TIMES = {"window_opened", "rebuild_since", "writer_seen", "gone", "promised"}  # travel as ages: equal within a second
+TIMES = {"window_opened", "rebuild_since", "writer_seen", "gone", "promised", "late"}  # travel as ages: equal within a second
 
 
 def same(a, b, path="node") -> None:
@@ -86,7 +86,7 @@ def test_a_handed_over_node_is_the_same_node_and_answers_the_same(tmp_path):
         for p in range(6):
             node = cluster.node(p)
             assert handover.ready(node) is None
-            node.late = {f"writer/{p}"}  # one that may still replay late: the spare waits for it as the node did
+            node.late = {f"writer/{p}": node.clock() - 5}  # may still replay late: the spare waits for it as the node did
             copy = handover.restore(*wire(*handover.export(node)), node.config)
             same(node, copy)
             state, arrays = wire(*handover.export(node), writable=True)

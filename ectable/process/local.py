@@ -119,11 +119,13 @@ class LocalCluster(ClusterMap):
             if endpoint in self._map.endpoints:
                 raise Error(f"the spare at {endpoint} took a dead position instead (no other spare was free)")
             if time.monotonic() > deadline or endpoint not in self.store.grows():
+                why = plans.grow_waits(self.store.read_map(), self.store.presence())
                 self.store.cancel_grow(endpoint)
                 self.refresh()
                 if endpoint in self._map.endpoints:
                     return self._map.endpoints.index(endpoint)
-                raise Error(f"the spare at {endpoint} was not added within {timeout} s (see the decider's log)")
+                raise Error(f"the spare at {endpoint} was not added within {timeout} s "
+                            f"({why or 'see the decider log'})")
             time.sleep(0.02)
 
 
@@ -156,6 +158,8 @@ class InProcessCluster(StoredMap, LocalCluster):
                     for host in self._hosts.values():
                         if host.alive and host.node is not None:
                             host.node.expire_writers(writers)
+                            if host.node.replay_from is not None or host.node.late:
+                                host.node.keep_replayers(writers)
                 closed = [host.expire_window() for host in self._hosts.values() if host.alive]
                 if any(closed):
                     try:

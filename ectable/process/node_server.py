@@ -159,7 +159,7 @@ class NodeServer(NodeHost):
                     self.writers_taken = self.presence.writers_read
                     self.node.expire_writers(self.presence.writers)  # only after a fresh read of them
                 if self.node is not None and (self.node.replay_from is not None or self.node.late) \
-                        and self.presence.writers is not None:
+                        and self.presence.writers_since > self.node.replays_since:  # a read begun since it waits
                     self.node.keep_replayers(self.presence.writers)
             self.rebuild()
             self.measure()
@@ -320,6 +320,7 @@ class _Presence(threading.Thread):
         self.map = None  # the newest map read
         self.writers: set[str] | None = None  # the writers alive at the last read
         self.writers_read = 0  # counts successful reads of `writers`
+        self.writers_since = float("-inf")  # when the last successful read of `writers` began
 
     def announce(self) -> None:
         """Publish this node's presence now if it changed (from any thread)."""
@@ -345,8 +346,9 @@ class _Presence(threading.Thread):
                 latest = self.store.read_map()
                 if latest is not None:
                     self.map = latest
+                began = time.monotonic()
                 self.writers = self.store.writers()
-                self.writers_read += 1
+                self.writers_read, self.writers_since = self.writers_read + 1, began
             except MembershipUnavailable:
                 pass  # the store is away: keep trying; the lease tells the others
             self.stop.wait(HEARTBEAT)

@@ -114,7 +114,7 @@ def export(node: Node, copied=frozenset(), parity: bool = True) -> tuple[dict, l
         "client_writes": {c: list(v) for c, v in node.client_writes.items()},
         "applied_clients": node.applied_clients,
         "retained": {"base": node.retained.base, "level": node.retained.level, "windows": retained},
-        "replayed": sorted(node.replayed), "late": sorted(node.late),
+        "replayed": sorted(node.replayed), "late": [[w, now - t] for w, t in node.late.items()],
         "replay_seqs": {w: [[n, s] for n, s in seqs.items()] for w, seqs in node.replay_seqs.items()},
         "writer_seen": {w: now - t for w, t in node.writer_seen.items()},
         "gone": [[w, now - t] for w, t in node.gone.items()],
@@ -192,7 +192,7 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: 
                                       for table, ids, delta, j, local, pos in parts], rows)
                       for w, age, rows, parts in log)
         for source, log in retained["windows"].items()}
-    node.replayed, node.late = set(state["replayed"]), set(state["late"])
+    node.replayed, node.late = set(state["replayed"]), {w: now - age for w, age in state["late"]}
     node.replay_seqs = {w: {int(n): s for n, s in seqs} for w, seqs in state["replay_seqs"].items()}
     node.writer_seen = {w: now - age for w, age in state["writer_seen"].items()}
     node.gone = {w: now - age for w, age in state["gone"]}

@@ -30,6 +30,7 @@ MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded
 SKIPPED_SECONDS = 10.0  # deltas skipped by parity rows not rebuilt yet are kept this long
 PROMISE_SECONDS = 5.0  # a degraded write that every holder agreed to is taken this long, replacement or not
 REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' replays
+LATE_WAIT = 300.0  # longest a writer awaited in vain counts as one that may still replay late (a grow waits for it)
 HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
 READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
@@ -95,7 +96,10 @@ class Node:
         self.skipped_from: dict[str, int] = {}  # source -> first seq since which `skipped` is complete
         self.replay_from: set[str] | None = None  # writers whose replays a replacement still waits for
         self.replay_deadline = 0.0
-        self.late: set[str] = set()  # writers awaited past the deadline: they replay late (at once), or lapse
+        self.replays_since = 0.0  # when this node began to wait for replays (a read of the writers from before
+        # then may lack a writer that registered just before the failover: it must not end the wait)
+        self.late: dict[str, float] = {}  # writer awaited past the deadline -> since when: it replays late (at once),
+        # lapses, or is no longer counted after LATE_WAIT
         self.replay_buffer: list = []  # (dead node's seq, arrival, replayer, entry number, cid, cseq, writes)
         self.replayed: set[str] = set()  # writers that replayed here
         self.replay_seqs: dict[str, dict] = {}  # replayer -> entry number -> this node's seq for it
@@ -305,12 +309,14 @@ class Node:
         dead node at this position applied and no parity holds (or `wait` seconds passed), so that the
         replays of all writers land in the order the dead node applied them."""
         self.replay_from = set(writers)
-        self.replay_deadline = self.clock() + wait
+        self.replays_since = self.clock()
+        self.replay_deadline = self.replays_since + wait
         self._maybe_end_replays()
 
     def keep_replayers(self, writers) -> None:
         """Writers still alive: a writer that died replays nothing."""
-        self.late &= set(writers)
+        now = self.clock()
+        self.late = {w: t for w, t in self.late.items() if w in writers and now - t < LATE_WAIT}
         if self.replay_from is not None:
             self.replay_from &= set(writers)
             self._maybe_end_replays()
@@ -320,7 +326,7 @@ class Node:
         if self.replay_from is not None:
             if self.replay_from and self.clock() < self.replay_deadline:
                 return
-            self.late |= self.replay_from
+            self.late.update(dict.fromkeys(self.replay_from, self.clock()))
             self.replay_from = None
         if not self.replay_buffer:
             return
@@ -354,7 +360,7 @@ class Node:
                 shard.local(ids, rebuilt=False)  # rows of this node only: they are applied later, all or none
             self._need_rebuilt([(shard, ids) for w in work for shard, _, ids, _ in w])
             self.replayed.add(replayer)
-            self.late.discard(replayer)
+            self.late.pop(replayer, None)
             self.writer_seen[replayer] = self.clock()
             for n, ((seq, cid, cseq, _), w) in enumerate(zip(entries, work)):
                 self.replay_buffer.append((seq, len(self.replay_buffer), replayer, n, cid, cseq, w))
