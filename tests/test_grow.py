@@ -293,3 +293,21 @@ def test_a_grow_waits_for_a_writer_that_may_still_replay_late(tmp_path):
         trainer.train(rounds=1)
         trainer.check("after the grow")
         idle.close()
+
+
+def test_a_node_replaced_right_after_a_grow_gets_every_writers_check_in():
+    """Nodes in this process: a node added, and one SIGKILLed and replaced before the trainer's next call. The
+    trainer follows the new layout and checks in with every node, the replacement too: it waits for no one,
+    counts no writer as late, and the next grow is not held up."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=2, processes=False) as cluster:
+        trainer = Trainer(cluster.connect(), "t", rows=3000, dim=8, seed=13)
+        trainer.train(rounds=1)
+        cluster.add_node()
+        cluster.kill(2)
+        cluster.decide()  # the spare replaces node 2 before the trainer looks
+        replacement = cluster._hosts[cluster.store.read_map().endpoints[2]].node
+        assert replacement.replay_from == {trainer.client.cluster.writer_id()}
+        trainer.train(rounds=1)
+        assert replacement.replay_from is None and not replacement.late
+        assert trainer.client.cluster.writer_id() in replacement.replayed
+        trainer.check("after a grow and a replacement")

@@ -748,15 +748,17 @@ class Client:
 
     def _follow_layout(self) -> None:
         """Plan by the cluster's layout from now on (a grow laid it out again over more positions, each under a new
-        identity: none of them is failed over)."""
+        identity). Every position is then caught up on as one that moved (`_catch_up`): nothing is failed over
+        (no identity is known here), but a writer checks in with each node, so a node that replaced one of the
+        grow's since, and waits for every live writer's replays, is not kept waiting for this one."""
         config = self.cluster.config
         if config is self.config:
             return
         self.config, self.nodes = config, config.nodes
         self._tables = {name: (spec, config.layout(spec)) for name, (spec, _) in self._tables.items()}
-        self._sources = {p: self.cluster.source(p) for p in range(self.nodes)}
+        self._sources = {}
         self.repair, self._steps = Repair(self), {}
-        self._checkpoints.relaid(self._sources)
+        self._checkpoints.relaid({p: self.cluster.source(p) for p in range(self.nodes)})
 
     def _catch_up(self) -> np.ndarray:
         """Fail over every position whose node changed since this client last looked (until none did: a
