@@ -67,6 +67,18 @@ def test_a_writer_that_does_not_replay_in_time_is_not_waited_for():
     assert "error" not in rows(node)[0]
 
 
+def test_only_a_read_of_the_writers_begun_since_the_wait_began_ends_it_for_one_not_listed():
+    """A read begun before the failover may lack a writer that registered just before it: that writer must still
+    be waited for (it was once not, and its writes went missing from reads until it replayed)."""
+    clock = Clock()
+    clock.now = 100.0
+    node = replacement({"old", "new"}, clock)
+    node.take_writers({"old"}, began=99.5)  # begun before the wait: "new" may simply be missing from it
+    assert node.replay_from == {"old", "new"}
+    node.take_writers({"old"}, began=100.2)  # begun since: "new" is gone for good
+    assert node.replay_from == {"old"}
+
+
 def test_a_writer_awaited_past_the_deadline_is_remembered_until_it_replays_or_lapses():
     clock = Clock()
     node = replacement({"late", "lapses"}, clock)

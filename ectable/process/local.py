@@ -157,9 +157,7 @@ class InProcessCluster(StoredMap, LocalCluster):
                     beat, writers = time.monotonic(), self.store.writers()
                     for host in self._hosts.values():
                         if host.alive and host.node is not None:
-                            host.node.expire_writers(writers)
-                            if host.node.replay_from is not None or host.node.late:
-                                host.node.keep_replayers(writers)
+                            host.node.take_writers(writers, beat)
                 closed = [host.expire_window() for host in self._hosts.values() if host.alive]
                 if any(closed):
                     try:

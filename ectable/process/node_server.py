@@ -155,12 +155,9 @@ class NodeServer(NodeHost):
             self.resend()
             if self.presence is not None:
                 self.follow_map(self.presence.map)  # the newest map its thread read
-                if self.node is not None and self.presence.writers_read != self.writers_taken:
+                if self.node is not None and self.presence.writers_read != self.writers_taken:  # a fresh read
                     self.writers_taken = self.presence.writers_read
-                    self.node.expire_writers(self.presence.writers)  # only after a fresh read of them
-                if self.node is not None and (self.node.replay_from is not None or self.node.late) \
-                        and self.presence.writers_since > self.node.replays_since:  # a read begun since it waits
-                    self.node.keep_replayers(self.presence.writers)
+                    self.node.take_writers(self.presence.writers, self.presence.writers_since)
             self.rebuild()
             self.measure()
             if busy and self.node is not None and time.monotonic() - self.last_request > GRACE:  # quiet a while: the trainer is computing

@@ -96,8 +96,7 @@ class Node:
         self.skipped_from: dict[str, int] = {}  # source -> first seq since which `skipped` is complete
         self.replay_from: set[str] | None = None  # writers whose replays a replacement still waits for
         self.replay_deadline = 0.0
-        self.replays_since = 0.0  # when this node began to wait for replays (a read of the writers from before
-        # then may lack a writer that registered just before the failover: it must not end the wait)
+        self.replays_since = 0.0  # when this node began to wait for replays (see `take_writers`)
         self.late: dict[str, float] = {}  # writer awaited past the deadline -> since when: it replays late (at once),
         # lapses, or is no longer counted after LATE_WAIT
         self.replay_buffer: list = []  # (dead node's seq, arrival, replayer, entry number, cid, cseq, writes)
@@ -312,6 +311,16 @@ class Node:
         self.replays_since = self.clock()
         self.replay_deadline = self.replays_since + wait
         self._maybe_end_replays()
+
+    def take_writers(self, live, began: float) -> None:
+        """A read of the writers alive (`live`, from the store) begun at `began` on this node's clock: forget the
+        clients of those gone long enough (`expire_writers`), and wait for no replay of a writer that is not alive
+        (`keep_replayers`), on a read begun since the wait began only (an older one may lack a writer that
+        registered just before the failure: it was once not waited for, and its writes went missing from reads
+        until it replayed)."""
+        self.expire_writers(live)
+        if began >= self.replays_since and (self.replay_from is not None or self.late):
+            self.keep_replayers(live)
 
     def keep_replayers(self, writers) -> None:
         """Writers still alive: a writer that died replays nothing."""

@@ -76,10 +76,7 @@ class SimNodeHost(NodeHost):
             self.announce()
             self.follow_map(self.store.read_map())
             if self.node is not None:
-                writers = self.store.writers()
-                if self.node.replay_from is not None or self.node.late:
-                    self.node.keep_replayers(writers)
-                self.node.expire_writers(writers)
+                self.node.take_writers(self.store.writers(), self.world.now)
         self.rebuild()
         self.send_outbox()
         self.world.at(HEARTBEAT, self.heartbeat, self.endpoint)
