@@ -84,15 +84,16 @@ def test_a_handed_over_node_is_the_same_node_and_answers_the_same(tmp_path):
     cluster, client = trained_cluster(tmp_path)
     with cluster, client:
         for p in range(6):
-            node = cluster.node(p)
-            assert handover.ready(node) is None
-            node.late = {f"writer/{p}": node.clock() - 5}  # may still replay late: the spare waits for it as the node did
-            copy = handover.restore(*wire(*handover.export(node)), node.config)
-            same(node, copy)
-            state, arrays = wire(*handover.export(node), writable=True)
-            kept = handover.restore(state, arrays, node.config, own=True)  # the wire's arrays, not copies
-            same(node, kept)
-            assert all(any(np.shares_memory(s.parity, a) for a in arrays) for s in kept.shards.values())
+            with cluster.lock:  # the cluster's timer changes nothing meanwhile (it reads the writers: `late` below)
+                node = cluster.node(p)
+                assert handover.ready(node) is None
+                node.late = {f"writer/{p}": node.clock() - 5}  # may still replay late: the spare waits for it too
+                copy = handover.restore(*wire(*handover.export(node)), node.config)
+                same(node, copy)
+                state, arrays = wire(*handover.export(node), writable=True)
+                kept = handover.restore(state, arrays, node.config, own=True)  # the wire's arrays, not copies
+                same(node, kept)
+                assert all(any(np.shares_memory(s.parity, a) for a in arrays) for s in kept.shards.values())
         node, copy = cluster.node(1), handover.restore(*handover.export(cluster.node(1)), cluster.node(1).config)
         # what comes next: a write (new, then retried), a read, a window closed into deltas
         ids = np.arange(5000, dtype=np.int64)
