@@ -77,7 +77,8 @@ def test_gf_kernel_matches_scalar_multiply(c, raw):
     expect = np.array([int(d) ^ gf256.mul(c, int(s)) for d, s in zip(dst, src)], dtype=np.uint8)
     gf256.addmul(dst, c, src)
     np.testing.assert_array_equal(dst, expect)
-    np.testing.assert_array_equal(gf256.scale(c, src), expect ^ np.arange(src.size, dtype=np.uint8))
+    scaled = gf256.scale_rows(np.array([c], dtype=np.uint8), src.reshape(1, -1))
+    np.testing.assert_array_equal(scaled.reshape(-1), expect ^ np.arange(src.size, dtype=np.uint8))
 
 
 @given(st.integers(1, 8), st.integers(1, 4), st.integers(0, 40), st.data())
@@ -91,15 +92,16 @@ def test_delta_terms_scale_each_row_by_its_own_coefficient(k, r, n, data):
     np.testing.assert_array_equal(code.delta_terms(j, i, delta), expect)
 
 
-def test_gf_kernel_scales_in_place():
-    src = np.random.default_rng(2).integers(0, 256, (3, gf256.CHUNK // 2 + 5), dtype=np.uint8)
-    expect = gf256.scale(0x1D, src)
-    gf256.scale(0x1D, src[1:], out=src[1:])
-    np.testing.assert_array_equal(src[1:], expect[1:])
-    np.testing.assert_array_equal(gf256.scale(1, expect, out=src), expect)
-    for bad in (np.zeros((src.shape[1], 3), dtype=np.uint8).T, np.zeros(src.shape, dtype=np.int16)):
-        with pytest.raises(ValueError):  # an `out` it could not write in place is refused, not left unwritten
-            gf256.scale(0x1D, src, out=bad)
+def test_gf_kernel_scales_rows_past_a_chunk_and_leaves_its_input_alone():
+    rng = np.random.default_rng(2)
+    for width in (260, gf256.CHUNK + 7):  # many rows of a coefficient per lookup pass, and rows wider than one
+        src = rng.integers(0, 256, (3 * gf256.CHUNK // width + 5, width), dtype=np.uint8)
+        coef = rng.integers(0, 4, src.shape[0]).astype(np.uint8) * 0x47  # 0 included
+        before = src.copy()
+        out = gf256.scale_rows(coef, src[:, ::-1])  # not contiguous
+        expect = [np.frombuffer(row[::-1].tobytes().translate(gf256.PRODUCT[c]), dtype=np.uint8) for c, row in zip(coef, src)]
+        np.testing.assert_array_equal(out, np.array(expect))
+        np.testing.assert_array_equal(src, before)
 
 
 def test_gf_kernel_crosses_chunk_boundaries():

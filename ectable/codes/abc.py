@@ -67,17 +67,7 @@ class Code(ABC):
 
     def delta_terms(self, j: np.ndarray, i: np.ndarray, delta: np.ndarray) -> np.ndarray:
         """Row x of the result is coefficient(j[x], i[x]) * delta[x]: what parity row x must XOR in."""
-        coef = self.coefficients[j, i]
-        if not coef.size:
-            return delta.copy()
-        order = np.argsort(coef, kind="stable")  # the rows of each coefficient together: one pass each
-        ranked, grouped = coef[order], delta[order]
-        cuts = (np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist()
-        for start, end in zip([0, *cuts], [*cuts, ranked.size]):
-            gf256.scale(int(ranked[start]), grouped[start:end], out=grouped[start:end])
-        out = np.empty_like(grouped)
-        out[order] = grouped
-        return out
+        return gf256.scale_rows(self.coefficients[j, i], delta)
 
     def get_config(self) -> dict:
         return {"id": self.codec_id, "k": self.k, "r": self.r}

@@ -52,23 +52,23 @@ def xor_into(dst: np.ndarray, src: np.ndarray) -> None:
         np.bitwise_xor(dst, src, out=dst)
 
 
-def scale(c: int, src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """c * src, in `out` (a C-contiguous uint8 array of src's shape: src's own memory, or memory that does not
-    overlap it) or a new array."""
+def scale_rows(coef: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """A new array whose row x is coef[x] * src[x], for 2-D uint8 `src` and one coefficient per row."""
     src = np.ascontiguousarray(src)
-    if out is None:
-        out = np.empty_like(src)
-    elif not (out.flags.c_contiguous and out.dtype == np.uint8 and out.shape == src.shape):
-        raise ValueError(f"scale needs a C-contiguous uint8 `out` of shape {src.shape}")
-    if c == 1:
-        if out is not src:
-            out[...] = src
+    out = np.empty_like(src)
+    if not src.size:
         return out
-    flat_in, flat_out = memoryview(src.reshape(-1)), out.reshape(-1)
-    table = PRODUCT[c]
-    for start in range(0, flat_out.size, CHUNK):
-        part = flat_in[start:start + CHUNK].tobytes().translate(table)
-        flat_out[start:start + len(part)] = np.frombuffer(part, dtype=np.uint8)
+    order = np.argsort(coef, kind="stable")  # the rows of each coefficient together: one table each
+    ranked, width = coef[order], src.shape[1]
+    cuts = (np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist()
+    step = max(1, CHUNK // max(1, width))  # rows per lookup pass
+    for start, end in zip([0, *cuts], [*cuts, ranked.size]):
+        table = PRODUCT[int(ranked[start])]
+        for lo in range(start, end, step):
+            rows = order[lo:min(end, lo + step)]
+            gathered = bytearray(rows.size * width)  # gathered straight into what `translate` reads
+            np.take(src, rows, axis=0, out=np.frombuffer(gathered, dtype=np.uint8).reshape(rows.size, width))
+            out[rows] = np.frombuffer(gathered.translate(table), dtype=np.uint8).reshape(rows.size, width)
     return out
 
 

@@ -2,7 +2,8 @@
 
 Run two or more per cluster: they elect one through etcd, and a new one takes over within
 `ELECTION_TTL` seconds of the acting one's death. It wakes on every change under the
-cluster's prefix (a watch), and at least every `IDLE` seconds. While it hands a drained node over
+cluster's prefix (a watch: a node's presence lapsing, a map swapped, a drain or grow asked for), and at
+least every `IDLE` seconds, for the decisions that wait on time alone. While it hands a drained node over
 (which copies the node's memory, maybe for longer than the election lease), a thread keeps its
 election lease alive, for `LONG_STEP` seconds at most, through a store client of its own.
 """
@@ -25,7 +26,7 @@ from ..membership import MembershipUnavailable
 from .control import ZmqControl
 from .node_server import die_with_parent
 
-IDLE = 0.25
+IDLE = ELECTION_TTL / 4  # its election lease is kept alive at each step: four chances per lease
 LONG_STEP = 300.0  # longest a handover's election lease is kept alive for it (a hung decider is then replaced)
 
 

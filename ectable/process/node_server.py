@@ -31,7 +31,8 @@ from ..transport.zeromq import bind_to, make_socket, start_authenticator
 HEARTBEAT = 0.5  # seconds between keep-alives of a node's presence (and reads of the map)
 NODE_TTL = 3.0  # a node whose presence was not kept alive this long is failed over
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
-TICK = 0.02
+TICK = 0.02  # seconds between passes of a node's loop while a window is open, a delta unacknowledged or a rebuild runs
+IDLE_TICK = 0.1  # ... and while none is: a request or an acknowledgement wakes it at once
 FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas", "hold_deltas_to"}
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
 
@@ -137,8 +138,10 @@ class NodeServer(NodeHost):
     # -- the loop --------------------------------------------------------
     def serve(self) -> None:
         while self.running:
-            busy = self.node is not None and (self.node.close_pending or self.node.queued)
-            events = dict(self.poller.poll(int((GRACE if busy else TICK) * 1000)))
+            node = self.node
+            busy = node is not None and (node.close_pending or node.queued)
+            waiting = self.inflight or (node is not None and (node.write_seq != node.closed_upto or node.rebuilding))
+            events = dict(self.poller.poll(int((GRACE if busy else TICK if waiting else IDLE_TICK) * 1000)))
             if self.router in events:
                 self.last_request = time.monotonic()
                 for _ in range(64):  # a burst at most, then the peers get a turn

@@ -23,7 +23,7 @@ from ...transport import codec
 from .network import Network, SimControl
 from .world import World
 
-DECIDER_IDLE = 0.25  # as `decider_process.IDLE`
+DECIDER_IDLE = 0.25  # a decider process wakes on a watch's event at once and polls every `ELECTION_TTL / 4` s; this one polls
 
 
 class SimNodeHost(NodeHost):
