@@ -58,6 +58,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m pip install --quiet --no-deps recbole==1.2.1 || echo "could not install recbole: MovieLens-100K is replaced by synthetic data"
 	$(PY) -m bench.workloads --scale $(SCALE)
 	$(PY) -m bench.gf_kernel
+	$(PY) -m bench.idle_cpu
 	$(PY) -m bench.memory --scale $(SCALE)
 	$(PY) -m bench.window_cost $(WINDOW_ARGS)
 	$(PY) -m bench.train_loop --workload criteo movielens --compute-ms 20 $(TRAIN_ARGS)
