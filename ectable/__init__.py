@@ -14,7 +14,7 @@ from . import config
 from .checkpoint.pieces import BadCheckpoint
 from .client import Client, connect
 from .client.checkpoints import Restored, load_rows
-from .errors import AuthenticationFailed, Error, InvalidRequest, NodeDown, Unavailable
+from .errors import AuthenticationFailed, Error, InvalidRequest, NodeDown, Unavailable, WritesLost
 from .lookahead import Lookahead
 from .process.local import LocalCluster
 from .storage.table import TableSpec
@@ -32,6 +32,6 @@ def restore(path: str, cluster, number: int | None = None) -> Restored:
 
 
 __version__ = "0.1.0"
-__all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown",
+__all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown", "WritesLost",
            "AuthenticationFailed", "BadCheckpoint", "Restored", "restore", "load_rows",
            "Lookahead"]

@@ -17,6 +17,15 @@ class Unavailable(Error):
     """Rows cannot be served: more than r slots of their stripe are lost."""
 
 
+class WritesLost(Error):
+    """Writes this client made, acknowledged, are gone: raised once, by its first call after it learned so.
+    `rows`: {table: ids} whose rows hold what they held before those writes (write them again)."""
+
+    def __init__(self, message: str, rows: dict | None = None):
+        super().__init__(message)
+        self.rows = rows or {}
+
+
 class NodeDown(Error):
     """A node did not answer; the caller may fail over. `position`: which node, where known."""
 

@@ -311,3 +311,63 @@ def test_a_node_replaced_right_after_a_grow_gets_every_writers_check_in():
         assert replacement.replay_from is None and not replacement.late
         assert trainer.client.cluster.writer_id() in replacement.replayed
         trainer.check("after a grow and a replacement")
+
+
+@pytest.mark.parametrize("in_parity", [False, True])
+def test_a_writer_idle_past_late_wait_is_told_the_grow_lost_its_writes(in_parity):
+    """Simulated (real node, client and decider code; 300 s of simulated time): a second writer's put sits in node
+    1's open window when node 1 is killed; that writer stays idle, so its replacement serves without its replay
+    and, after LATE_WAIT, no longer counts it as late. A grow then lays the cluster out again, and the put is
+    gone. The writer's next call raises WritesLost naming the rows (before, it read the old values silently);
+    its later calls work, and its rows written again stand. `in_parity`: the trainer's flush closed node 1's
+    window before the kill, so the put is in parity and rebuilt: nothing is lost, and nothing is raised."""
+    from ectable import clock
+    from ectable.client import Client
+    from ectable.errors import WritesLost
+    from ectable.storage.node import LATE_WAIT
+    from ectable.testing.sim.scenario import Simulation
+
+    s = Simulation(2, "xor")
+    s.config, s.spares = ClusterConfig(5, "xor", 4, 1, window_seconds=3600.0), 2
+    s.faults.drop = s.faults.duplicate = s.faults.spike = s.faults.kill_at_message = 0.0
+    world = s.world
+    with clock.use(world):
+        try:
+            with world.acting("client"):
+                trainer = Client(s.start())
+                trainer.create_table("t", num_rows=400, dim=4, init="uniform", seed=1)
+                idle = Client(s.cluster_for("idle"))  # a cluster object of its own: a second process
+                idle.create_table("u", num_rows=400, dim=4)
+                ids = np.flatnonzero(idle._table("u")[1].data_node(np.arange(400)) == 1)
+                values = np.arange(ids.size * 4, dtype=np.float32).reshape(-1, 4) + 1
+                before = idle.get("u", ids)
+                idle.put("u", ids, values)  # in node 1's open window only
+                if in_parity:
+                    trainer.flush(timeout=60)  # closes every node's window: the put's delta reaches the parity
+                dead = s.store.read_map().endpoints[1]
+                s.hosts[dead].kill()
+                trainer.get("t", np.arange(400))  # fails node 1 over; a spare replaces it
+                began = world.now
+                while world.now - began < LATE_WAIT + 30:  # the trainer trains on; the other writer stays idle
+                    trainer.apply_gradient("t", np.arange(0, 400, 7), np.ones((58, 4), dtype=np.float32))
+                    trainer.step()
+                    world.sleep(5.0)
+                m = s.store.read_map()
+                assert m.endpoints[1] != dead and m.states[1] == "up"
+                spare = next(e for e in s.store.presence() if e not in m.endpoints)
+                s.store.request_grow(spare)
+                while s.store.read_map().nodes == 5:
+                    assert world.now - began < LATE_WAIT + 300, "the node was not added"
+                    trainer.get("t", np.arange(10))
+                    world.sleep(1.0)
+                if not in_parity:
+                    with pytest.raises(WritesLost, match="1 acknowledged write") as lost:
+                        idle.get("u", ids)
+                    np.testing.assert_array_equal(lost.value.rows["u"], ids)
+                    np.testing.assert_array_equal(idle.get("u", ids), before)  # what they held before the put
+                    idle.put("u", ids, values)
+                    idle.flush(timeout=60)
+                np.testing.assert_array_equal(idle.get("u", ids), values)
+        finally:
+            world.close()
+    assert not world.problems, world.problems

@@ -7,7 +7,8 @@ import numpy as np
 
 from .. import clock
 from ..config import DEADLINE
-from ..errors import Error, HandingOver, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable
+from ..errors import (Error, HandingOver, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable,
+                      WritesLost)
 from .checkpoints import Checkpoints, Restored, export
 from .repair import Repair
 from ..protocol import messages as m, validate
@@ -29,12 +30,13 @@ RELAYOUT_TRIES = 4  # times one call is planned again because the cluster was la
 class _Write:
     """A logged write: what was sent to one node, under this client's sequence number."""
 
-    __slots__ = ("writes", "cid", "cseq", "seq", "replayed")
+    __slots__ = ("writes", "cid", "cseq", "seq", "replayed", "node")
 
     def __init__(self, writes, cid, cseq):
         self.writes, self.cid, self.cseq = writes, cid, cseq
         self.seq = None  # the node's sequence number, once it answered
         self.replayed = False  # a failover took it
+        self.node = None  # the identity of the node it was last sent to
 
     def drop(self, table: str) -> bool:
         """Forget the writes to `table` (dropped); whether any write is left."""
@@ -128,6 +130,7 @@ class Client:
                 pass
         if self.owns_cluster and not self._closed:
             self.cluster.close()
+        self.cluster.cut_off[:] = [x for x in self.cluster.cut_off if x[0].cid != self.cid]
         self._closed = True
 
     def __enter__(self):
@@ -422,6 +425,7 @@ class Client:
     @staticmethod
     def _write_request(entry, node):
         """A logged write's request to the node identity `node` (another incarnation at its position refuses it)."""
+        entry.node = node
         header = m.Write(parts=[[table, kind] for table, kind, _, _ in entry.writes], cid=entry.cid, node=node,
                          cseq=entry.cseq).header()
         return header, [a for _, _, ids, values in entry.writes for a in (ids, values)]
@@ -759,6 +763,40 @@ class Client:
         self._sources = {}
         self.repair, self._steps = Repair(self), {}
         self._checkpoints.relaid({p: self.cluster.source(p) for p in range(self.nodes)})
+        self._cut_off()
+
+    def _cut_off(self) -> None:
+        """WritesLost if a grow began the redo logs again while they held writes of this client that no parity
+        held, their node gone: it failed while they sat in its open window, and this client, idle, never
+        replayed them before its replacement stopped waiting (`LATE_WAIT`) and the grow went ahead."""
+        mine = [(entry, sure) for entry, sure in self.cluster.cut_off if entry.cid == self.cid]
+        if not mine:
+            return
+        self.cluster.cut_off[:] = [x for x in self.cluster.cut_off if x[0].cid != self.cid]
+        lost = [entry for entry, sure in mine if sure or self._unsettled(entry)]
+        if not lost:
+            return
+        rows: dict[str, list] = {}
+        for entry in lost:
+            for table, _, ids, _ in entry.writes:
+                rows.setdefault(table, []).append(ids)
+        rows = {table: np.unique(np.concatenate(ids)) for table, ids in rows.items()}
+        raise WritesLost(f"{len(lost)} acknowledged write(s) of this client are lost: the node that applied them "
+                         f"failed before their parity was complete, and a node was added to the cluster before this "
+                         f"client (idle meanwhile) replayed them; rows of " + ", ".join(
+                             f"{table!r} ({ids.size})" for table, ids in rows.items()) + " hold what they held "
+                         "before them (write them again; `rows` names them)", rows)
+
+    def _unsettled(self, entry) -> bool:
+        """Whether a logged write's node was failed over (reconciled) before parity was known to hold it: some
+        survivor had taken no delta of it, or lacked rows of its tables."""
+        settled = self.cluster.settled_marks(entry.node) if entry.node is not None else None
+        if settled is None:
+            return False  # its node lived until the grow, which waited for every write to be in parity
+        marks, lacking = settled
+        tables = {table for table, _, _, _ in entry.writes}
+        return any(table in tables for _, table, _ in lacking) or \
+            entry.cseq > min((c.get(entry.cid, 0) for c in marks.values()), default=0)
 
     def _catch_up(self) -> np.ndarray:
         """Fail over every position whose node changed since this client last looked (until none did: a

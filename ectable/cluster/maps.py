@@ -33,6 +33,7 @@ class ClusterMap:
         self.config = config
         self.redo_log = [deque() for _ in range(config.nodes)]  # clients' writes per position, until durable
         self.replays: dict[int, list] = {}  # position -> writes taken from a dead node's log, not replayed yet
+        self.cut_off: list = []  # (logged write, whether surely lost) left when a grow began the logs again
         self._failed_over: set = set()
         self._checked_in: set = set()
         self.taking: set[int] = set()  # positions whose redo log a failover is taking now
@@ -46,8 +47,12 @@ class ClusterMap:
     def relaid(self, config: ClusterConfig) -> None:
         """The map lays the cluster out over more positions (a grow): clients plan by `config` from now on. The
         redo logs begin again: the grow took place once every node was quiet (each write in parity) and no writer
-        owed a late replay (`plans.growable`), and nothing was written since."""
+        owed a late replay (`plans.growable`), and nothing was written since. Writes still logged are kept in
+        `cut_off` for their clients to judge (`Client._cut_off`): a writer idle past a node's `LATE_WAIT` may
+        have lost some."""
         self.config = config
+        self.cut_off += [(e, False) for log in self.redo_log for e in log if e.seq is not None and not e.replayed]
+        self.cut_off += [(e, True) for log in self.replays.values() for e in log]  # taken, never replayed
         self.redo_log[:] = [deque() for _ in range(config.nodes)]
         self.replays.clear()
 
