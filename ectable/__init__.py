@@ -32,6 +32,6 @@ def restore(path: str, cluster, number: int | None = None) -> Restored:
 
 
 __version__ = "0.1.0"
-__all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown", "WritesLost",
-           "AuthenticationFailed", "BadCheckpoint", "Restored", "restore", "load_rows",
+__all__ = ["LocalCluster", "connect", "Client", "TableSpec", "Error", "InvalidRequest", "Unavailable", "NodeDown",
+           "WritesLost", "AuthenticationFailed", "BadCheckpoint", "Restored", "restore", "load_rows",
            "Lookahead"]

@@ -99,7 +99,8 @@ def test_gf_kernel_scales_rows_past_a_chunk_and_leaves_its_input_alone():
         coef = rng.integers(0, 4, src.shape[0]).astype(np.uint8) * 0x47  # 0 included
         before = src.copy()
         out = gf256.scale_rows(coef, src[:, ::-1])  # not contiguous
-        expect = [np.frombuffer(row[::-1].tobytes().translate(gf256.PRODUCT[c]), dtype=np.uint8) for c, row in zip(coef, src)]
+        expect = [np.frombuffer(row[::-1].tobytes().translate(gf256.PRODUCT[c]), dtype=np.uint8)
+                  for c, row in zip(coef, src)]
         np.testing.assert_array_equal(out, np.array(expect))
         np.testing.assert_array_equal(src, before)
 

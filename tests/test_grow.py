@@ -251,7 +251,6 @@ def test_a_write_applied_just_before_a_grow_whose_answer_was_lost_is_applied_onc
         np.testing.assert_array_equal(client.get("t", ids), np.full((100, 2), np.float32(-0.01)))
 
 
-
 def test_a_grow_waits_for_a_writer_that_may_still_replay_late(tmp_path):
     """Node processes: a second trainer's put sits in node 1's open window when node 1 is SIGKILLed; that trainer
     stays idle, so the replacement stops waiting for its replay (10 s) and serves. A grow asked for then waits

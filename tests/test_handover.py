@@ -16,7 +16,7 @@ from ectable.transport import codec
 pytestmark = pytest.mark.timeout(120)
 
 NOT_STATE = {"clock", "config", "code", "spec", "layout", "optimizer", "_order", "_local", "_delta", "sources"}
-TIMES = {"window_opened", "rebuild_since", "writer_seen", "gone", "promised", "late"}  # travel as ages: equal within a second
+TIMES = {"window_opened", "rebuild_since", "writer_seen", "gone", "promised", "late"}  # travel as ages: equal within 1 s
 
 
 def same(a, b, path="node") -> None:

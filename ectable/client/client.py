@@ -130,7 +130,7 @@ class Client:
                 pass
         if self.owns_cluster and not self._closed:
             self.cluster.close()
-        self.cluster.cut_off[:] = [x for x in self.cluster.cut_off if x[0].cid != self.cid]
+        self.cluster.take_cut_off(self.cid)  # a closed client is told nothing more
         self._closed = True
 
     def __enter__(self):
@@ -769,11 +769,7 @@ class Client:
         """WritesLost if a grow began the redo logs again while they held writes of this client that no parity
         held, their node gone: it failed while they sat in its open window, and this client, idle, never
         replayed them before its replacement stopped waiting (`LATE_WAIT`) and the grow went ahead."""
-        mine = [(entry, sure) for entry, sure in self.cluster.cut_off if entry.cid == self.cid]
-        if not mine:
-            return
-        self.cluster.cut_off[:] = [x for x in self.cluster.cut_off if x[0].cid != self.cid]
-        lost = [entry for entry, sure in mine if sure or self._unsettled(entry)]
+        lost = [entry for entry, sure in self.cluster.take_cut_off(self.cid) if sure or self._unsettled(entry)]
         if not lost:
             return
         rows: dict[str, list] = {}

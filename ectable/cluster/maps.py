@@ -56,6 +56,13 @@ class ClusterMap:
         self.redo_log[:] = [deque() for _ in range(config.nodes)]
         self.replays.clear()
 
+    def take_cut_off(self, cid) -> list:
+        """The (write, surely lost) pairs of client `cid` in `cut_off`, taken out of it."""
+        mine = [x for x in self.cut_off if x[0].cid == cid]
+        if mine:
+            self.cut_off[:] = [x for x in self.cut_off if x[0].cid != cid]
+        return mine
+
     def claim_failover(self, source) -> bool:
         """True for the first client to ask about a dead node's identity: it fails that node over."""
         if source is None or source in self._failed_over:

@@ -140,7 +140,7 @@ class NodeServer(NodeHost):
         while self.running:
             node = self.node
             busy = node is not None and (node.close_pending or node.queued)
-            waiting = self.inflight or (node is not None and (node.write_seq != node.closed_upto or node.rebuilding))
+            waiting = self.inflight or (node is not None and (node.window_open or node.rebuilding))
             events = dict(self.poller.poll(int((GRACE if busy else TICK if waiting else IDLE_TICK) * 1000)))
             if self.router in events:
                 self.last_request = time.monotonic()
@@ -179,7 +179,7 @@ class NodeServer(NodeHost):
         if self.metrics is not None and self.node is not None and now - self.metrics_at >= METRICS_EVERY:
             self.metrics_at = now
             node = self.node
-            age = node.clock() - node.window_opened if node.write_seq != node.closed_upto else 0.0
+            age = node.clock() - node.window_opened if node.window_open else 0.0
             self.metrics.update({**node.status(), "rss_bytes": resident_bytes()}, age)
 
     def answer(self, frames) -> None:

@@ -39,7 +39,7 @@ def ready(node: Node) -> str | None:
     received left unfolded, no rebuild, replay or checkpoint writing under way."""
     if node.rebuilding:
         return "it is rebuilding"
-    if node.write_seq != node.closed_upto or any(len(s.window) for s in node.shards.values()):
+    if node.window_open or any(len(s.window) for s in node.shards.values()):
         return "its window is open"
     if node.unacked or node.outbox or node.windows:
         return f"{len(node.unacked) + len(node.outbox)} of its deltas wait for an acknowledgement"

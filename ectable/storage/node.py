@@ -640,10 +640,15 @@ class Node:
     _ops = {name[3:]: fn for name, fn in list(locals().items()) if name.startswith("op_")}
 
     # -- windows and deltas ----------------------------------------------
+    @property
+    def window_open(self) -> bool:
+        """Whether writes wait in the window: applied here, their deltas not built yet."""
+        return self.write_seq != self.closed_upto
+
     def window_due(self) -> bool:
         """Whether the open window's oldest write is `window_seconds` old: its host's timer closes it then,
         whatever the clients do."""
-        return self.write_seq != self.closed_upto and self.clock() - self.window_opened >= self.config.window_seconds
+        return self.window_open and self.clock() - self.window_opened >= self.config.window_seconds
 
     def _maybe_close(self):
         dirty = sum(len(s.window) for s in self.shards.values())

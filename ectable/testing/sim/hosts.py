@@ -23,7 +23,7 @@ from ...transport import codec
 from .network import Network, SimControl
 from .world import World
 
-DECIDER_IDLE = 0.25  # a decider process wakes on a watch's event at once and polls every `ELECTION_TTL / 4` s; this one polls
+DECIDER_IDLE = 0.25  # a decider process steps on a watch's event at once, and polls every ELECTION_TTL / 4 s
 
 
 class SimNodeHost(NodeHost):
@@ -150,7 +150,7 @@ class SimNodeHost(NodeHost):
         """A tick soon while there is work: resends, a window to close or deltas to apply when idle."""
         node = self.node
         if not self.ticking and self.alive and (self.inflight or (node is not None and (
-                node.close_pending or node.queued or node.write_seq != node.closed_upto))):
+                node.close_pending or node.queued or node.window_open))):
             self.ticking = True
             self.world.at(TICK, self._tick, self.endpoint)
 
