@@ -777,11 +777,11 @@ class Client:
             for table, _, ids, _ in entry.writes:
                 rows.setdefault(table, []).append(ids)
         rows = {table: np.unique(np.concatenate(ids)) for table, ids in rows.items()}
+        named = ", ".join(f"{table!r} ({ids.size})" for table, ids in rows.items())
         raise WritesLost(f"{len(lost)} acknowledged write(s) of this client are lost: the node that applied them "
                          f"failed before their parity was complete, and a node was added to the cluster before this "
-                         f"client (idle meanwhile) replayed them; rows of " + ", ".join(
-                             f"{table!r} ({ids.size})" for table, ids in rows.items()) + " hold what they held "
-                         "before them (write them again; `rows` names them)", rows)
+                         f"client (idle meanwhile) replayed them; rows of {named} hold what they held before them "
+                         f"(write them again; `rows` names them)", rows)
 
     def _unsettled(self, entry) -> bool:
         """Whether a logged write's node was failed over (reconciled) before parity was known to hold it: some
