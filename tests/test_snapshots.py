@@ -20,8 +20,8 @@ def shard() -> Shard:
 
 def write(s: Shard, ids: np.ndarray, seed: int) -> None:
     ids = np.unique(ids)
-    local, rows = s.updated("apply_gradient", ids, np.random.default_rng(seed).normal(size=(ids.size, DIM)).astype(np.float32))
-    s.commit(local, rows)
+    local, old, rows = s.updated("apply_gradient", ids, np.random.default_rng(seed).normal(size=(ids.size, DIM)).astype(np.float32))
+    s.commit(local, old, rows)
 
 
 def owned(s: Shard) -> np.ndarray:

@@ -250,7 +250,7 @@ class Node:
         work = self._writes(msg.parts, arrays)
         self._need_rebuilt([(shard, ids) for shard, _, ids, _ in work])  # refuse before any change
         updates = self._updates(work)
-        for (shard, _, rows), (_, kind, ids, _) in zip(updates, work):
+        for (shard, _, _, rows), (_, kind, ids, _) in zip(updates, work):
             validate.finite_result(shard.spec.name, kind, ids, rows)
         seq = self._apply_write(updates, cid, cseq)
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
@@ -285,15 +285,15 @@ class Node:
 
     @staticmethod
     def _updates(work) -> list:
-        """[(shard, local rows, new records)] of checked writes; nothing is applied yet."""
+        """[(shard, local rows, their records, new records)] of checked writes; nothing is applied yet."""
         return [(shard, *shard.updated(kind, ids, values)) for shard, kind, ids, values in work]
 
     def _apply_write(self, updates, cid, cseq) -> int:
         """Install a write's `_updates` as this node's next write; its sequence number."""
         if self.write_seq == self.closed_upto:
             self.window_opened = self.clock()  # the window's age counts from its first write
-        for shard, local, rows in updates:
-            shard.commit(local, rows)
+        for shard, local, old, rows in updates:
+            shard.commit(local, old, rows)
         self.write_seq += 1
         if cid is not None:
             self.writer_seen[writer_of(cid)] = self.clock()

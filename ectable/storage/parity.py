@@ -88,7 +88,8 @@ def fold(code, entries: list) -> None:
         terms = [e[2] for e in entries]
     else:
         j, pos = (np.concatenate([e[3][n] for e in entries]) for n in (0, 2))
-        terms = np.split(code.delta_terms(j, pos, np.concatenate([e[2] for e in entries])),
-                         np.cumsum([e[1].size for e in entries])[:-1])
+        every = code.delta_terms(j, pos, np.concatenate([e[2] for e in entries]))
+        at = np.cumsum([0] + [e[1].size for e in entries]).tolist()
+        terms = [every[a:b] for a, b in zip(at, at[1:])]
     for entry, term in zip(entries, terms):
         entry[0].fold(entry[3][1], term)

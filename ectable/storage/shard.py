@@ -145,23 +145,27 @@ class Shard:
         """Weights (or whole records) of rows; `committed`: as of the open window's start."""
         local = self.local(ids)
         self._compute(local)
-        out = self.window.committed(local, self.records) if committed else self.records[local]
-        return out if records else np.ascontiguousarray(out[:, : self.dim])
+        if committed:
+            out = self.window.committed(local, self.records)
+            return out if records else np.ascontiguousarray(out[:, : self.dim])
+        return self.records[local] if records else self.records[local, : self.dim]  # one gather
 
-    def updated(self, kind: str, ids, values) -> tuple[np.ndarray, np.ndarray]:
-        """(local offsets, new records) of rows `ids` after a "put" of weights `values` or an "apply_gradient"
-        of gradients `values`; nothing changes until `commit`."""
+    def updated(self, kind: str, ids, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(local offsets, records now, new records) of rows `ids` after a "put" of weights `values` or an
+        "apply_gradient" of gradients `values`; nothing changes until `commit`."""
         local = self.local(ids)
         self._compute(local)
-        rows = self.records[local]
+        old = self.records[local]
+        rows = old.copy()  # a copy of what was gathered: no second gather of scattered rows
         write_rows(self.optimizer, kind, rows, values, self.dim)  # an overflow is refused by the caller
-        return local, rows
+        return local, old, rows
 
-    def commit(self, local, rows) -> None:
-        """Install new records of local rows (from `updated`), adding their changes to the window."""
+    def commit(self, local, old, rows) -> None:
+        """Install new records `rows` of local rows whose records are `old` (from `updated`, nothing written
+        since), adding their changes to the window."""
         for frozen in self.frozen:
             frozen.save(local)
-        self.window.record(local, self.records[local], rows)
+        self.window.record(local, old, rows)
         self.records[local] = rows
 
     # -- parity rows -----------------------------------------------------
