@@ -2,7 +2,9 @@
 
 Runs the training loop (get_many, apply_gradient_many, step; no model step) against xor(4,1) on 6
 node processes under cProfile, and sums each category's functions (cumulative time; cProfile's own
-overhead is in the figures). `--repeat` runs; each is a column.
+overhead is in the figures). `--repeat` runs; each is a column. Then, in process, the client's work on a
+batch's gradients (checks, unique ids, sums) with the ids' unique ids taken from the read of the same batch
+and computed again, interleaved in one run.
 
     python -m bench.client_time --workload criteo --scale 0.1
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 import cProfile
 import pstats
 import time
+
+import numpy as np
 
 import ectable
 
@@ -55,6 +59,26 @@ def profiled(work) -> dict:
     return {part: seconds / n * 1e3 for part, seconds in out.items()}
 
 
+def gradient_work(work) -> dict:
+    """{"reused" | "computed": median ms per iteration} of the client's work on each batch's gradients, the
+    batch read first, its unique ids then taken from the read or computed again (alternating which goes first)."""
+    spent = {"reused": [], "computed": []}
+    with ectable.LocalCluster(nodes=6, code="none", k=4, r=0, processes=False) as cluster:
+        client = cluster.connect()
+        create_tables(client, work)
+        for n, batch in enumerate(work.batches):
+            client.get_many(batch)
+            grads, read = work.gradients(batch), dict(client._read_ids)
+            for mode in ("reused", "computed") if n % 2 else ("computed", "reused"):
+                client._read_ids = read if mode == "reused" else {}
+                start = time.thread_time()
+                for table, (ids, values) in grads.items():
+                    client._gradients(table, ids, values)
+                if n >= WARMUP:
+                    spent[mode].append(time.thread_time() - start)
+    return {mode: float(np.median(times)) * 1e3 for mode, times in spent.items()}
+
+
 def main():
     args = profile_args(__doc__.splitlines()[0])
     work = WORKLOADS[args.workload](args.iters + WARMUP, args.scale)
@@ -62,6 +86,10 @@ def main():
     print(f"\n{work.describe()}; xor(4,1) on 6 node processes, no model step, ms per iteration (cProfile)")
     report(f"client_time_{args.workload}", ["part", *(f"run {i + 1}" for i in range(args.repeat))],
            [[part, *(round(run[part], 1) for run in runs)] for part in runs[0]])
+    grads = gradient_work(work)
+    print("\nthe client's work on a batch's gradients, in process, ms per iteration (median)")
+    report(f"client_gradients_{args.workload}", ["unique ids", "ms", "vs computed"],
+           [[mode, round(ms, 2), round(ms / grads["computed"], 3)] for mode, ms in grads.items()])
 
 
 if __name__ == "__main__":

@@ -59,6 +59,28 @@ def test_duplicates_equal_the_coalesced_batch(ids, data):
         np.testing.assert_array_equal(ca.get("t", np.arange(7)), model.get(np.arange(7)))
 
 
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=30), st.lists(st.integers(0, 6), max_size=30), st.data())
+def test_gradients_of_the_ids_just_read_sum_as_any_others(read, ids, data):
+    """A client reuses its last read's unique ids for gradients of the same ids: the rows come out as a
+    reference model's, also when the array read was changed in place before the gradients named it."""
+    read, ids = np.array(read), np.array(ids or read)
+    grads = np.array(data.draw(st.lists(g32 | st.just(-0.0), min_size=ids.size * 3, max_size=ids.size * 3)),
+                     dtype=np.float32).reshape(-1, 3)
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, r=1, processes=False) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=7, dim=3, optimizer="rowwise_adagrad", lr=0.1)
+        model = ReferenceTable(client._table("t")[0])
+        client.get_many({"t": read})
+        if read.size == ids.size:
+            read[:] = ids  # the array read now holds other ids (or the same)
+            ids = read
+        client.apply_gradient_many({"t": (ids, grads)})
+        model.apply_gradient(ids, grads)
+        np.testing.assert_array_equal(client.get("t", np.arange(7)), model.get(np.arange(7)))
+        assert np.array_equal(coalesce(ids, grads, np.unique(ids, return_inverse=True))[1].view(np.uint32),
+                              coalesce(ids, grads)[1].view(np.uint32))
+
+
 @pytest.mark.parametrize("kind", ["zeros", "uniform", "normal"])
 def test_initial_rows_are_a_pure_function_of_seed_table_and_id(kind):
     config = check_init({"kind": kind}, 16)

@@ -109,6 +109,7 @@ class Client:
         self._cseq = 0
         self._writer: str | None = None
         self._closed = False
+        self._read_ids: dict[str, tuple] = {}  # per table, the last read's ids, their unique ids and inverse
         for p in range(self.nodes):
             self._sources[p] = cluster.source(p)
         self._refresh_tables()
@@ -263,6 +264,7 @@ class Client:
                 uniq, inverse = flat, np.arange(flat.size)
             else:
                 uniq, inverse = np.unique(flat, return_inverse=True)
+                self._read_ids[table] = (flat.copy(), uniq, inverse.reshape(-1))  # the gradients' ids, usually
             width = spec.width if records else spec.dim
             plan[table] = (uniq, inverse.reshape(shape), np.empty((uniq.size, width), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
@@ -362,7 +364,9 @@ class Client:
         spec, _ = self._table(table)
         ids, shape = validate.shaped_ids(table, ids, spec.num_rows)
         grads = validate.rows(table, grads, ids.size, spec.dim, "gradients", shape)
-        ids, grads = validate.coalesce(ids, grads)
+        read = self._read_ids.get(table)
+        known = read[1:] if read is not None and np.array_equal(read[0], ids) else None  # the read's ids again
+        ids, grads = validate.coalesce(ids, grads, known)
         return ids, validate.finite_sums(table, grads)
 
     def _check_many(self, batch):

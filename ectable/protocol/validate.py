@@ -89,14 +89,16 @@ def finite_sums(table: str, grads: np.ndarray) -> np.ndarray:
     return grads
 
 
-def coalesce(arr: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique ids (ascending) and their gradients summed in order of appearance."""
+def coalesce(arr: np.ndarray, grads: np.ndarray, unique: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Unique ids (ascending) and their gradients summed in order of appearance; `unique`: `arr`'s
+    (unique ids, inverse) as `np.unique` gives them, if known."""
     if ascending(arr):  # unique already (a caller that took np.unique itself): nothing to sum
         return arr, grads
-    uniq, inverse = np.unique(arr, return_inverse=True)
-    if uniq.size == arr.size:
-        order = np.argsort(arr, kind="stable")
-        return arr[order], grads[order]
+    uniq, inverse = unique if unique is not None else np.unique(arr, return_inverse=True)
+    if uniq.size == arr.size:  # a permutation: the gradients in the ids' order, as they are
+        out = np.empty_like(grads)
+        out[inverse.reshape(-1)] = grads
+        return uniq, out
     with np.errstate(over="ignore"):  # an overflowing sum is rejected by the caller
         return uniq, sum_rows(inverse.reshape(-1), grads, uniq.size)
 
