@@ -58,7 +58,8 @@ def main():
     runs: dict[str, list] = {}
     for _ in range(args.repeat):
         for code, k, r in STORES:
-            runs.setdefault(f"{code}({k},{r})" if r else "none", []).append(timed(work, code, k, r, args.compute_ms / 1e3))
+            name = f"{code}({k},{r})" if r else "none"
+            runs.setdefault(name, []).append(timed(work, code, k, r, args.compute_ms / 1e3))
     rows = []
     for name, parts in runs.items():
         every = np.concatenate(parts) * 1e3

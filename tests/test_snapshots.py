@@ -20,7 +20,8 @@ def shard() -> Shard:
 
 def write(s: Shard, ids: np.ndarray, seed: int) -> None:
     ids = np.unique(ids)
-    local, old, rows = s.updated("apply_gradient", ids, np.random.default_rng(seed).normal(size=(ids.size, DIM)).astype(np.float32))
+    grads = np.random.default_rng(seed).normal(size=(ids.size, DIM)).astype(np.float32)
+    local, old, rows = s.updated("apply_gradient", ids, grads)
     s.commit(local, old, rows)
 
 

@@ -173,6 +173,7 @@ class Client:
             log.extend(kept)
         self._to_every_node(m.DropTable(table=name).header())
         self._tables.pop(name, None)
+        self._read_ids.pop(name, None)
         self.cluster.table_dropped(name)
 
     def _to_every_node(self, header: dict) -> None:
