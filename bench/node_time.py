@@ -4,6 +4,8 @@ Runs the training loop (get_many, apply_gradient_many, step; no model step) on a
 cluster, so that every node runs in this one thread and the times are CPU times with no other
 process competing, and times each of the node's methods below in thread CPU time, summed over
 the nodes. Each store runs `--repeat` times; the run with the lowest parity total counts.
+Then, in one run, the gathers of a read and of a write as the nodes do them and as they did
+before `3d8cea4` (each batch's rows, every node and table, interleaved).
 
     python -m bench.node_time --workload criteo --scale 0.1
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+
+import numpy as np
 
 import ectable
 from ectable.storage.node import Node
@@ -58,6 +62,55 @@ def timed(work, code: str, k: int, r: int) -> dict:
     return {name: spent[name] / len(work.batches) * 1000 for name in PARITY + SHARED}
 
 
+def gathers(work) -> dict:
+    """{way: median ms per iteration} of the record gathers of each batch's rows on 6 nodes: a read's weights
+    in one pass or as records then their weights; a write's records before and after the optimizer as one
+    gather and a copy, or as two gathers (the second after every table's first, as the write ran them)."""
+    def read_now(parts):
+        for records, local, dim in parts:
+            records[local, :dim]
+
+    def read_before(parts):
+        for records, local, dim in parts:
+            np.ascontiguousarray(records[local][:, :dim])
+
+    def write_now(parts):
+        for records, local, _ in parts:
+            records[local].copy()
+
+    def write_before(parts):
+        for records, local, _ in parts:
+            records[local]
+        for records, local, _ in parts:
+            records[local]
+
+    ways = {"read, one pass": read_now, "read, records then weights": read_before,
+            "write, a gather and a copy": write_now, "write, two gathers": write_before}
+    spent: dict[str, list] = {way: [] for way in ways}
+    with ectable.LocalCluster(nodes=6, code="none", k=4, r=0, processes=False) as cluster:
+        client = cluster.connect()
+        create_tables(client, work)
+        nodes = [cluster.node(i) for i in range(6)]
+        for n, batch in enumerate(work.batches):
+            parts = []
+            for table, ids in batch.items():
+                ids = np.unique(ids)
+                for node in nodes:
+                    shard = node.shards[table]
+                    mine = ids[shard.layout.data_node(ids) == node.position]
+                    parts.append((shard.records, shard.layout.data_offset(mine), shard.dim))
+            order = list(ways) if n % 2 else list(ways)[::-1]
+            for way in order:
+                start = time.thread_time()
+                ways[way](parts)
+                if n >= 3:  # the first batches fault the tables' pages in
+                    spent[way].append(time.thread_time() - start)
+            client.get_many(batch)
+            client.apply_gradient_many(work.gradients(batch))
+            client.step()
+    return {way: float(np.median(times)) * 1e3 for way, times in spent.items()}
+
+
 def main():
     args = profile_args(__doc__.splitlines()[0])
     work = WORKLOADS[args.workload](args.iters, args.scale)
@@ -68,6 +121,11 @@ def main():
                      round(sum(best[n] for n in PARITY), 2), *(round(best[n], 2) for n in SHARED)])
     print(f"\n{work.describe()}; {args.iters} iterations in process, ms per iteration summed over 6 nodes")
     report(f"node_time_{args.workload}", ["store", *PARITY, "parity", *SHARED], rows)
+    ways = gathers(work)
+    print("\nrecord gathers of each batch's rows, 6 nodes, in process, ms per iteration (median), one run")
+    names = list(ways)
+    report(f"node_gathers_{args.workload}", ["gathers", "ms", "vs before"],
+           [[name, round(ways[name], 2), round(ways[name] / ways[names[i | 1]], 3)] for i, name in enumerate(names)])
 
 
 if __name__ == "__main__":
