@@ -84,6 +84,34 @@ def test_a_seed_replays_exactly():
     assert first.counts == again.counts and first.counts["sent"] > 100
 
 
+def test_threads_outside_the_world_neither_read_nor_change_it():
+    """A thread that other code left running (an in-process cluster's window timer, a writer's lease keeper)
+    reads real time and real names while a world runs in the same process; the world's run is the same as
+    without it. (Before, the world's clock was swapped for the whole process: such a thread drew from the
+    world's seeded names, and a seed replayed differently in a pytest worker that had run other tests.)"""
+    import threading
+    import time
+
+    from ectable import clock
+    alone = sim.run(7, "rs")
+    stop, seen, began = threading.Event(), [], time.monotonic()
+
+    def bystander():
+        while not stop.is_set():
+            seen.append((clock.monotonic(), clock.token_hex(4)))
+            time.sleep(0.0005)
+    thread = threading.Thread(target=bystander, daemon=True)
+    thread.start()
+    try:
+        beside = sim.run(7, "rs")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert beside.ok, beside.message
+    assert (beside.digest, beside.events, beside.counts) == (alone.digest, alone.events, alone.counts)
+    assert len(seen) > 10 and all(began <= t <= time.monotonic() for t, _ in seen)
+
+
 def test_a_lost_write_is_caught_and_named_by_its_seed(monkeypatch):
     """The simulation can fail: with failovers that replay nothing, some seed loses acknowledged writes."""
     monkeypatch.setattr(client_module.Client, "_unapplied", lambda self, entry, marks, held: [])

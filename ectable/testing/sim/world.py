@@ -21,7 +21,7 @@ import math
 import random
 import threading
 
-from ...clock import Clock
+from ...clock import Clock, use
 
 
 class Killed(BaseException):
@@ -46,7 +46,11 @@ class _Fiber:
         return self.name in self.world.killed or self.world.now >= deadline or (done is not None and done())
 
     def main(self) -> None:
-        """The fiber's thread: run each task it is handed, and the world in between."""
+        """The fiber's thread: run each task it is handed, and the world in between, on the world's clock."""
+        with use(self.world):
+            self._main()
+
+    def _main(self) -> None:
         world = self.world
         self.baton.wait()
         self.baton.clear()
