@@ -24,6 +24,9 @@ import threading
 from ...clock import Clock, use
 
 
+CLOSE_TIMEOUT = 60.0  # real seconds a fiber may take to unwind once its world closed
+
+
 class Killed(BaseException):
     """Raised through the code of an actor that was killed (a SIGKILL in the real world)."""
 
@@ -206,12 +209,15 @@ class World(Clock):
         self.current = me
 
     def close(self) -> None:
-        """End every fiber's thread (the world is done)."""
+        """End every fiber's thread (the world is done), one after another: each unwinds its code alone,
+        and none is still running when this returns."""
         self.closed = True
         for fiber in self._fibers.values():
             if fiber.thread is not None and fiber.thread is not threading.current_thread():
                 fiber.baton.set()
-                fiber.thread.join(5)
+                fiber.thread.join(CLOSE_TIMEOUT)
+                if fiber.thread.is_alive():
+                    raise Stuck(f"fiber {fiber.name} still ran {CLOSE_TIMEOUT} s after the world closed")
 
     @contextlib.contextmanager
     def acting(self, actor: str):
