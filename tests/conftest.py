@@ -1,6 +1,10 @@
 """Hypothesis profiles, chosen by HYPOTHESIS_PROFILE: `ci` (make test; derandomized, so CI is repeatable),
 `dev` (the default: random, explores new cases) and `thorough`; and the etcd servers of the membership tests."""
 import os
+import sys
+import threading
+import time
+import traceback
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -21,6 +25,28 @@ FIRST = ("test_sim.py", "test_statemachine.py", "test_processes.py", "test_netns
 def pytest_collection_modifyitems(items):
     rank = {name: n for n, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_thread_left():
+    """A test module ends every thread it started (a window timer, a map reader, a lease keeper left running
+    goes on reading the clock and using the CPU for the rest of the pytest worker)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 10
+    while True:
+        left = [t for t in threading.enumerate() if t not in before and t.is_alive() and not _lives_on(t)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    frames = sys._current_frames()
+    assert not left, "threads left running:\n" + "\n".join(
+        f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident])[-4:])}" for t in left if t.ident in frames)
+
+
+def _lives_on(thread: threading.Thread) -> bool:
+    """pyzmq's collector of zero-copy frames: one per process, started by the first such send."""
+    return type(thread).__module__ == "zmq.utils.garbage"
 
 
 def _etcd():

@@ -271,11 +271,11 @@ def test_a_node_killed_during_create_table():
         client.create_table("big", num_rows=600_000, dim=16, optimizer="adagrad", init="uniform", seed=4)
         killer.join()
         client.wait_recovered(timeout=120)
-        reference = ectable.LocalCluster(nodes=1, code="none", k=1, r=0, processes=False)
-        ref = reference.connect()
-        ref.create_table("big", num_rows=600_000, dim=16, optimizer="adagrad", init="uniform", seed=4)
-        ids = np.random.default_rng(0).integers(0, 600_000, 5000)
-        np.testing.assert_array_equal(read_records(client, "big", ids), read_records(ref, "big", ids))
+        with ectable.LocalCluster(nodes=1, code="none", k=1, r=0, processes=False) as reference:
+            ref = reference.connect()
+            ref.create_table("big", num_rows=600_000, dim=16, optimizer="adagrad", init="uniform", seed=4)
+            ids = np.random.default_rng(0).integers(0, 600_000, 5000)
+            np.testing.assert_array_equal(read_records(client, "big", ids), read_records(ref, "big", ids))
         client.flush()
         check_parity(cluster, client)
 

@@ -426,7 +426,11 @@ class RemoteCluster(ZmqStoredMap, ClusterMap):
 
     def __init__(self, membership: dict, curve: dict | None = None):
         self._attach(open_store(membership), curve)
-        ClusterMap.__init__(self, ClusterConfig(**self._map.config))
+        try:
+            ClusterMap.__init__(self, ClusterConfig(**self._map.config))
+        except BaseException:
+            self._detach()
+            raise
 
     @classmethod
     def from_file(cls, path: str) -> "RemoteCluster":
