@@ -66,7 +66,10 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
                       "others, the write was split (see test_a_holder_that_stalls_splits_no_degraded_write)"),
          ("xor", 266, "a write applied just before a grow lost its answer; its retry met the new layout's node (a new "
                       "identity: not_member) and was sent again by the new layout, applied twice; the map now records "
-                      "what each retired identity applied (`Map.retired`)")]
+                      "what each retired identity applied (`Map.retired`)"),
+         ("rs", 800, "the parity check (not the product) asked position 8 for its parity after its own reads had shown "
+                     "8 dead: the request named no node, and the node now at position 0 (cut off while at 8, back "
+                     "as a spare) answered it as its own (InvalidRequest)")]
 
 
 @pytest.mark.timeout(300)
