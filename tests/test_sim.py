@@ -90,8 +90,8 @@ def test_a_seed_replays_exactly():
 def test_threads_outside_the_world_neither_read_nor_change_it():
     """A thread that other code left running (an in-process cluster's window timer, a writer's lease keeper)
     reads real time and real names while a world runs in the same process; the world's run is the same as
-    without it. (Before, the world's clock was swapped for the whole process: such a thread drew from the
-    world's seeded names, and a seed replayed differently in a pytest worker that had run other tests.)"""
+    without it. (Before, the world's clock was swapped for the whole process: such a thread, or a fiber of an
+    earlier world still unwinding, drew from the world's seeded names and changed the run's digest.)"""
     import threading
     import time
 
