@@ -106,7 +106,7 @@ def gathers(work) -> dict:
             for way in order:
                 start = time.thread_time()
                 ways[way](parts)
-                if n >= 3:  # the first batches fault the tables' pages in
+                if n >= WARMUP:  # the first batches fault the tables' pages in
                     spent[way].append(time.thread_time() - start)
             client.get_many(batch)
             client.apply_gradient_many(work.gradients(batch))

@@ -212,12 +212,15 @@ class World(Clock):
         """End every fiber's thread (the world is done), one after another: each unwinds its code alone,
         and none is still running when this returns."""
         self.closed = True
+        stuck = []
         for fiber in self._fibers.values():
             if fiber.thread is not None and fiber.thread is not threading.current_thread():
                 fiber.baton.set()
                 fiber.thread.join(CLOSE_TIMEOUT)
                 if fiber.thread.is_alive():
-                    raise Stuck(f"fiber {fiber.name} still ran {CLOSE_TIMEOUT} s after the world closed")
+                    stuck.append(fiber.name)
+        if stuck:
+            raise Stuck(f"fibers {stuck} still ran {CLOSE_TIMEOUT} s after the world closed")
 
     @contextlib.contextmanager
     def acting(self, actor: str):
