@@ -35,6 +35,26 @@ def test_every_erasure_pattern_decodes(code, k, r):
                 np.testing.assert_array_equal(got[t], every[t], err_msg=f"{code} lost {lost}")
 
 
+@pytest.mark.parametrize("code,k,r", [("xor", 1, 1), ("xor", 4, 1), ("rs", 4, 2), ("rs", 3, 3)])
+@given(data=st.data())
+def test_stripes_decode_in_place_whatever_each_stripe_lost(code, k, r, data):
+    """`decode_stripes` fills every slot a stripe's mask leaves out, stripe by stripe (each its own pattern),
+    with what a fresh encode gives (zfec's for rs), whatever those slots held, and leaves the chosen ones."""
+    c = get_code(code, k, r)
+    n, width = data.draw(st.integers(1, 12)), 4 * data.draw(st.integers(1, 5)) + data.draw(st.sampled_from([0, 1, 2]))
+    stripes = blocks(k, n, width, seed=data.draw(st.integers(0, 999)))
+    parity = c.encode(stripes) if code == "xor" else \
+        [np.frombuffer(bytes(b), dtype=np.uint8).reshape(n, width)
+         for b in zfec.Encoder(k, k + r).encode([d.tobytes() for d in stripes])[k:]]
+    every = np.stack(stripes + parity, axis=1)
+    chosen = np.zeros((n, k + r), dtype=bool)
+    for x in range(n):
+        chosen[x, data.draw(st.lists(st.integers(0, k + r - 1), min_size=k, max_size=k + r, unique=True))] = True
+    got = np.where(chosen[:, :, None], every, data.draw(st.integers(0, 255))).astype(np.uint8)
+    c.decode_stripes(got, chosen)
+    np.testing.assert_array_equal(got, every)
+
+
 def test_xor_parity_is_plain_xor_and_zfec_is_not():
     data = blocks(3, 4, 8)
     np.testing.assert_array_equal(XorCode(3).encode(data)[0], data[0] ^ data[1] ^ data[2])

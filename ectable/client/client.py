@@ -18,6 +18,7 @@ from ..storage.table import TableSpec
 
 CREATE_DEADLINE = 120.0  # a node allocates a new table (its rows are computed when first used)
 REBUILD_BUDGET = 1 << 15  # rows rebuilt per step() while training goes on
+WAIT_POLL = 0.05  # longest rest between two looks of `wait_recovered` at the cluster
 LAPSED = ("this client's writer lease expired (its process lost the membership store for too long), so nodes "
           "no longer take its writes: connect again (a new client)")
 REPLAY_WAIT = 15.0  # longest a client waits for a replacement to apply every writer's replays
@@ -680,7 +681,7 @@ class Client:
         node holding all its rows, all seen in one pass. Raises `Unavailable` at once, naming the lost
         stripes, when more than r positions are down (they cannot be rebuilt), and when a position is
         down with no spare left; `Error` past `timeout`."""
-        deadline = clock.monotonic() + timeout
+        deadline, rest = clock.monotonic() + timeout, 0.005
         while True:
             self.cluster.refresh()  # a spare may have been added since this client last read the map
             self._check_recoverable(self._catch_up())
@@ -700,7 +701,8 @@ class Client:
                     if n:
                         self._rebuild_some(p, max(self.rebuild_budget, REBUILD_BUDGET))
             else:
-                clock.sleep(0.01)  # rebuilders work, a spare is on its way, the map catches up
+                rest = min(2 * rest, WAIT_POLL)  # rebuilders work, a spare is on its way, the map catches up:
+                clock.sleep(rest)  # polled ever less often, as a poll (the map read, a status per node) takes CPU
 
     def _check_recoverable(self, states) -> None:
         """Raise `Unavailable` naming every table's stripes that lost more than r slots (`states`: `_catch_up`'s)."""

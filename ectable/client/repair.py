@@ -91,7 +91,7 @@ class Repair:
                 continue
             break
         for cut in cuts.values():
-            self._decode(cut["blocks"], cut["chosen"], cut["nodes"].shape[1])
+            self.code.decode_stripes(cut["blocks"], cut["chosen"])
         return {table: (cut["blocks"], cut["senders"], cut["versions"].max(axis=1)) for table, cut in cuts.items()}
 
     def _start(self, table, stripes, skip, unread) -> dict:
@@ -177,7 +177,7 @@ class Repair:
         for (node, kind, table), (reply, arrays) in self.client._gather(requests).items():
             cut = cuts[table]
             rows, cols = where[(node, kind, table)]
-            cut["blocks"][rows, cols] = arrays[0].view(np.uint8) if kind == "data" else arrays[0]
+            _put(cut["blocks"], rows, cols, arrays[0])
             if kind == "parity":
                 cut["versions"][rows, cols] = arrays[1]
             if kind == "data":
@@ -196,19 +196,6 @@ class Repair:
         else:
             rows = np.isin(stripes, exc.ids // k)
             unread[rows, :k] |= (nodes[rows, :k] == node) & np.isin(stripes[rows, None] * k + np.arange(k), exc.ids)
-
-    def _decode(self, blocks, chosen, width) -> None:
-        slots = np.arange(width)
-        pattern = chosen @ (1 << slots)
-        for value in np.unique(pattern):
-            group = np.flatnonzero(pattern == value)
-            have_slots = [int(t) for t in slots if value >> t & 1]
-            lost = [int(t) for t in slots if not value >> t & 1]
-            if lost:
-                every = group.size == blocks.shape[0]  # one pattern for all stripes: views, no copies
-                found = self.code.decode({t: blocks[:, t] if every else blocks[group, t] for t in have_slots}, lost)
-                for t in lost:
-                    blocks[group, t] = found[t]
 
     def read(self, table: str, ids: np.ndarray, skip: int | None = None) -> np.ndarray:
         """Committed records of data rows, decoded from their stripes."""
@@ -383,3 +370,11 @@ class Repair:
         if left == 0:
             self.client.cluster.rebuilt(position)
         return left
+
+
+def _put(blocks: np.ndarray, rows: np.ndarray, cols: np.ndarray, records: np.ndarray) -> None:
+    """blocks[rows, cols] = records (as bytes), each record copied as one block."""
+    n, width, size = blocks.shape
+    cell = np.dtype((np.void, size))
+    cells = blocks.reshape(n * width, size).view(cell)[:, 0]
+    cells[rows * width + cols] = np.ascontiguousarray(records).view(np.uint8).reshape(-1, size).view(cell)[:, 0]

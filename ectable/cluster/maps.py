@@ -219,8 +219,9 @@ class StoredMap:
         except MembershipUnavailable as exc:
             raise Unavailable(f"the cluster's membership store does not answer: {exc}") from None
 
-    def _recheck(self) -> None:
-        if clock.monotonic() - self._checked > MAP_RECHECK:
+    def _recheck(self, every: float = MAP_RECHECK) -> None:
+        """The map as read again if `every` seconds passed since the last read."""
+        if clock.monotonic() - self._checked > every:
             try:
                 self.refresh()
             except Error:
@@ -258,7 +259,7 @@ class StoredMap:
         deadline = clock.monotonic() + DEATH_WAIT
         while self._map.sources[p] == source and self._map.states[p] != "dead" and clock.monotonic() < deadline:
             clock.sleep(MAP_RECHECK / 4)
-            self._recheck()
+            self._recheck(MAP_RECHECK / 4)  # waiting on the decider: read as often as it sleeps
             if self._answers(p):
                 return True
         m = self._map
@@ -276,14 +277,14 @@ class StoredMap:
         deadline = clock.monotonic() + timeout
         while any(q == p for q, _ in self._map.failing) and clock.monotonic() < deadline:
             clock.sleep(MAP_RECHECK / 4)
-            self._recheck()
+            self._recheck(MAP_RECHECK / 4)  # waiting on the decider: read as often as it sleeps
 
     def wait_replaced(self, p: int, timeout: float = DEATH_WAIT) -> None:
         """Wait (bounded) until a spare stands at dead position p, or none is left."""
         deadline = clock.monotonic() + timeout
         while self._map.states[p] == "dead" and self._spares and clock.monotonic() < deadline:
             clock.sleep(MAP_RECHECK / 4)
-            self._recheck()
+            self._recheck(MAP_RECHECK / 4)  # waiting on the decider: read as often as it sleeps
 
     def mark_rebuilding(self, p: int) -> None:
         self._rebuilding.add(self._map.sources[p])
@@ -345,6 +346,9 @@ class SeesExits:
     def _live(self, endpoint: str) -> bool:
         return not self._exited(endpoint) and super()._live(endpoint)
 
+    def _answers(self, p: int) -> bool:
+        return not self._exited(self._map.endpoints[p]) and super()._answers(p)
+
     def state(self, p: int) -> str:
         if self._map.states[p] != "dead" and self._exited(self._map.endpoints[p]):
             self.mark_dead(p)
@@ -369,16 +373,16 @@ class ZmqStoredMap(StoredMap):
     def _open_channel(self, endpoint: str) -> ZmqChannel:
         return ZmqChannel(endpoint, self.context, self.curve, lambda: self._live(endpoint))
 
-    def _recheck(self) -> None:
-        """While a request waits: the map as the background reader last read it (asked for again every
-        MAP_RECHECK s), so a request never waits on the store (when the store is away, training goes on)."""
+    def _recheck(self, every: float = MAP_RECHECK) -> None:
+        """While a request waits: the map as the background reader last read it (asked for again every `every`
+        s), so a request never waits on the store (when the store is away, training goes on)."""
         if self._reader is None:
             self._reader = _MapReader(self.store)
             self._reader.start()
         read = self._reader.take()
         if read is not None and read[1] is not None:
             self._adopt(*read)
-        if clock.monotonic() - self._checked > MAP_RECHECK:
+        if clock.monotonic() - self._checked > every:
             self._checked = clock.monotonic()
             self._reader.ask()
 

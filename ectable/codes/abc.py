@@ -52,6 +52,21 @@ class Code(ABC):
                 out[slot] = parity[slot - self.k]
         return out
 
+    def decode_stripes(self, blocks: np.ndarray, chosen: np.ndarray) -> None:
+        """Fill in place every slot of `blocks` ([n, k + r, B] uint8) that `chosen` ([n, k + r] bool, at least
+        k slots per stripe) leaves out, from the slots it chooses."""
+        slots = np.arange(blocks.shape[1])
+        pattern = chosen @ (1 << slots)
+        for value in np.unique(pattern).tolist():
+            lost = [int(t) for t in slots if not value >> t & 1]
+            if not lost:
+                continue
+            group = np.flatnonzero(pattern == value)
+            every = group.size == blocks.shape[0]  # one pattern for all stripes: views, no copies
+            have = {int(t): blocks[:, t] if every else blocks[group, t] for t in slots if value >> t & 1}
+            for t, found in self.decode(have, lost).items():
+                blocks[group, t] = found
+
     @abstractmethod
     def _data_blocks(self, blocks: Mapping[int, np.ndarray]) -> list[np.ndarray]:
         """All k data blocks, recovered from at least k slots."""

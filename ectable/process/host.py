@@ -76,7 +76,10 @@ class NodeHost:
                                                 or msg.op == "delta" and self.frozen_deltas)):
             return messages.error(ErrorCode.MOVED, f"node {self.node.position} hands its position over to another "
                                                    f"node: ask again once the map moved it"), []
+        rebuilding = self.node.rebuilding
         reply = self.node.dispatch(msg, arrays)
+        if rebuilding and not self.node.rebuilding:
+            self.announce()  # rebuilt: the decider hears it now, not at the next heartbeat, and marks it up
         if msg.op == "snapshot" and not self.late_writers:
             self.node.start_writer()
         return reply

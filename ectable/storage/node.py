@@ -62,6 +62,8 @@ class Node:
         self.rebuild_since = self.clock() if rebuilding else None
         self.generation = int(rebuilding)  # counts invalidations: restores carry the one they read at
         self.rebuilt_rows = 0  # data and parity rows restored since rebuilding began
+        self.first_restore: float | None = None  # when the first of them was restored
+        self.last_rebuild: dict | None = None  # the last rebuild that ended: rows, seconds, and seconds restoring
         self.source = f"node/{position}/{clocks.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
         self.dropped: set[str] = set()  # tables dropped here (and not created again): deltas for them are moot
@@ -576,6 +578,8 @@ class Node:
                 raise InvalidRequest(f"table {shard.spec.name!r}: rows do not live on node {self.position}")
             shard.restore(keys, values)
         self.rebuilt_rows += before - shard.missing_count()
+        if self.first_restore is None and self.rebuilt_rows:
+            self.first_restore = self.clock()
         self._settle()
         return {}, []
 
@@ -588,7 +592,7 @@ class Node:
         for source, seq in self.applied.items():  # deltas applied before now are in those rows no more
             self.skipped_from[source] = max(self.skipped_from.get(source, 1), seq + 1)
         if not self.rebuilding:
-            self.rebuilding, self.rebuild_since, self.rebuilt_rows = True, self.clock(), 0
+            self.rebuilding, self.rebuild_since, self.rebuilt_rows, self.first_restore = True, self.clock(), 0, None
         self.generation += 1  # restores read before this must not bring those rows back
         return {"generation": self.generation}, []
 
@@ -706,6 +710,9 @@ class Node:
     def _settle(self):
         if self.rebuilding and all(s.missing_data is None for s in self.shards.values()):
             self.rebuilding = False
+            now = self.clock()
+            self.last_rebuild = {"rows": self.rebuilt_rows, "seconds": now - self.rebuild_since,
+                                 "restoring": now - (self.first_restore or now)}
             self.skipped.clear()
             self.retained.base = 0  # every row rebuilt: a sender first heard of now starts at window 0 here
 
@@ -732,6 +739,7 @@ class Node:
             "durable_seq": self.durable_seq,
             "rebuild_missing": sum(s.missing_count() for s in shards),
             "rebuild": self.rebuild_progress() if self.rebuilding else {},
+            "last_rebuild": self.last_rebuild,
             "rejected": self.rejected,
             "clients": len(self._clients()),
             "writers": len(self.writer_seen),
