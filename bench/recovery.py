@@ -51,7 +51,8 @@ def make_cluster(work: Workload, spares: int = 1, share: float = 1.0):
 
 def rebuild_time(client, cluster, victim: int = 2) -> tuple[float, int, dict]:
     """Seconds from SIGKILL to full protection, the rows (data + parity) rebuilt, and the replacement's own account
-    of its rebuild (`last_rebuild` in its status: seconds from taking the position, and of them restoring rows)."""
+    of its rebuild (`last_rebuild` in its status: `seconds` from taking the position, `pulling` from its
+    rebuilder's first round, once every writer had replayed into it)."""
     start = time.perf_counter()
     cluster.kill(victim)
     client.status()  # fails it over: the spare takes its place and starts pulling
@@ -94,15 +95,15 @@ def part_size(sizes, out):
             net = network_limit(client, rebuilt)
         dec = decode_limit(rebuilt)
         mb = rebuilt * (DIM + 1) * 4 / 1e6
-        restoring = spare["restoring"]
-        rows_out.append([rows, rebuilt, round(mb, 1), round(secs, 2), round(spare["seconds"], 2), round(restoring, 2),
-                         round(mb / restoring, 1), round(mb * (K + 1) / restoring), round(mb / net), round(mb / dec)])
+        pulling = spare["pulling"]
+        rows_out.append([rows, rebuilt, round(mb, 1), round(secs, 2), round(spare["seconds"], 2), round(pulling, 2),
+                         round(mb / pulling, 1), round(mb * (K + 1) / pulling), round(mb / net), round(mb / dec)])
         print(f"  {rows} rows: rebuilt {rebuilt} rows ({mb:.0f} MB) in {secs:.2f} s from the kill; the spare "
-              f"took {spare['seconds']:.2f} s, {restoring:.2f} s of it restoring rows", flush=True)
+              f"took {spare['seconds']:.2f} s, {pulling:.2f} s of it pulling rows", flush=True)
     out["size"] = rows_out
     # "MB/s moved": a rebuilt row reads k survivors' slots and writes one
     report("recovery_size", ["table rows", "rows rebuilt", "MB rebuilt", "kill to protected s", "spare s",
-                             "restoring s", "MB/s restoring", "MB/s moved", "loopback MB/s", "decode MB/s"], rows_out)
+                             "pulling s", "MB/s pulling", "MB/s moved", "loopback MB/s", "decode MB/s"], rows_out)
 
 
 def train(client, work: Workload, compute, kill_at=None, cluster=None):

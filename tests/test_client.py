@@ -183,7 +183,7 @@ def test_status_reports_roles_lag_and_recovery(cluster):
     st = client.status()
     assert st["recovery"]["rebuilding"] == [] and st["recovery"]["rows_left"] == 0 and st["degraded"] == []
     last = st["nodes"][3]["last_rebuild"]  # what the rebuild took, kept once it ended
-    assert last["rows"] == progress["done"] + progress["left"] and 0 <= last["restoring"] <= last["seconds"]
+    assert last["rows"] == progress["done"] + progress["left"] and 0 <= last["pulling"] <= last["seconds"]
     assert [n["last_rebuild"] for n in st["nodes"] if n["position"] != 3] == [None] * 4
 
 

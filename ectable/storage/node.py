@@ -62,8 +62,8 @@ class Node:
         self.rebuild_since = self.clock() if rebuilding else None
         self.generation = int(rebuilding)  # counts invalidations: restores carry the one they read at
         self.rebuilt_rows = 0  # data and parity rows restored since rebuilding began
-        self.first_restore: float | None = None  # when the first of them was restored
-        self.last_rebuild: dict | None = None  # the last rebuild that ended: rows, seconds, and seconds restoring
+        self.pulled_since: float | None = None  # when a rebuilder first asked what is missing (or rows were restored)
+        self.last_rebuild: dict | None = None  # the last rebuild that ended: rows, seconds, and seconds pulling rows
         self.source = f"node/{position}/{clocks.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
         self.dropped: set[str] = set()  # tables dropped here (and not created again): deltas for them are moot
@@ -578,8 +578,8 @@ class Node:
                 raise InvalidRequest(f"table {shard.spec.name!r}: rows do not live on node {self.position}")
             shard.restore(keys, values)
         self.rebuilt_rows += before - shard.missing_count()
-        if self.first_restore is None and self.rebuilt_rows:
-            self.first_restore = self.clock()
+        if self.pulled_since is None and self.rebuilt_rows:
+            self.pulled_since = self.clock()
         self._settle()
         return {}, []
 
@@ -592,13 +592,15 @@ class Node:
         for source, seq in self.applied.items():  # deltas applied before now are in those rows no more
             self.skipped_from[source] = max(self.skipped_from.get(source, 1), seq + 1)
         if not self.rebuilding:
-            self.rebuilding, self.rebuild_since, self.rebuilt_rows, self.first_restore = True, self.clock(), 0, None
+            self.rebuilding, self.rebuild_since, self.rebuilt_rows, self.pulled_since = True, self.clock(), 0, None
         self.generation += 1  # restores read before this must not bring those rows back
         return {"generation": self.generation}, []
 
     def op_missing(self, msg, arrays):
         """Ids and stripes still to rebuild, at most `limit` of each, per table."""
         self._settle()  # a spare given no tables has nothing to rebuild
+        if self.rebuilding and self.pulled_since is None:
+            self.pulled_since = self.clock()
         limit = msg.limit
         out, names = [], []
         for name, shard in self.shards.items():
@@ -712,7 +714,7 @@ class Node:
             self.rebuilding = False
             now = self.clock()
             self.last_rebuild = {"rows": self.rebuilt_rows, "seconds": now - self.rebuild_since,
-                                 "restoring": now - (self.first_restore or now)}
+                                 "pulling": now - (self.pulled_since or now)}
             self.skipped.clear()
             self.retained.base = 0  # every row rebuilt: a sender first heard of now starts at window 0 here
 
