@@ -97,3 +97,45 @@ def test_a_degraded_write_first_rebuilds_every_parity_row_its_holders_lack():
         np.testing.assert_array_equal(client.get("t", rows), values)
         client.flush()
         check_parity(cluster, client)
+
+
+def test_a_rebuild_round_reads_fewer_rows_while_writes_keep_moving_its_stripes():
+    """A rebuild round whose stripes still moved after PATIENCE reads (each read finding a parity holder behind the
+    data it was read with, as when windows close while big reads run) gives up, and the next round asks for half
+    as many rows; a round that reads its stripes once asks for twice as many again, up to `rebuild_batch`. Before,
+    one round read its whole batch again and again until the stripes stood still (12 s and 83 reads, once, in a
+    training loop on node processes)."""
+    from ectable.client.repair import Repair
+    from ectable.process.rebuilder import MIN_BATCH, PATIENCE, RebuildRounds
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False,
+                              rebuild_batch=4 * MIN_BATCH) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=40_000, dim=2, init="normal", seed=4)
+        before = client.get("t", np.arange(40_000))
+        cluster.kill(2)
+        client.status()  # fails it over to the spare
+        rounds = RebuildRounds(client.cluster, 2, client.cluster.source(2))
+        moving, reads = [PATIENCE + 1], []  # reads still to find a holder behind; reads per round
+        real = Repair._lag
+
+        def lag(senders, holders):
+            lagging, ahead = real(senders, holders)
+            reads[-1] += 1
+            if moving[0] and holders:
+                moving[0] -= 1
+                lagging = lagging | {next(iter(holders))}
+            return lagging, ahead
+
+        rounds.client.repair._lag = lag
+        batches = []
+        while True:
+            batches.append(rounds.batch)
+            reads.append(0)
+            if rounds.round() is None:
+                break
+        # round 1 gives up; round 2 reads its data rows twice (the first read moved) and its parity rows once, so
+        # round 3 keeps its batch; round 3 reads once, so round 4 doubles it and ends the rebuild
+        assert batches == [4 * MIN_BATCH, 2 * MIN_BATCH, 2 * MIN_BATCH, 4 * MIN_BATCH]
+        assert reads == [PATIENCE, 3, 1, 1]
+        assert client.status()["nodes"][2]["rebuild_missing"] == 0
+        np.testing.assert_array_equal(client.get("t", np.arange(40_000)), before)

@@ -18,6 +18,10 @@ from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
 
 
+class Unsettled(Error):
+    """A cut whose slots still moved after `Repair.patience` reads (writes went on meanwhile)."""
+
+
 class Repair:
     """Decoding paths of one client; `client` supplies tables, node states and calls."""
 
@@ -26,6 +30,8 @@ class Repair:
         self.code = client.config.make_code()
         self.source = f"repair/{clock.token_hex(8)}"
         self._next_seq: dict[int, int] = {}
+        self.patience: int | None = None  # reads of one cut before `Unsettled` (None: until its 30 s deadline)
+        self.rereads = 0  # reads beyond the first of every cut so far
 
     def forget(self, position: int) -> None:
         """A new node took `position`: its delta sequence starts again."""
@@ -70,21 +76,25 @@ class Repair:
     def recover_many(self, stripes: dict, skip: int | None = None) -> dict:
         """`recover` of several tables ({table: stripes} -> {table: (blocks, cut, counts)}), every table's
         reads in flight at once; each table's cut is checked on its own."""
-        deadline = clock.monotonic() + 30
+        deadline, reads = clock.monotonic() + 30, 0
         unread = {table: None for table in stripes}  # per table: slots a rebuilding node said it has not rebuilt
         while True:
             cuts = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}
             try:
                 while any(cut["read"].any() or cut["mark"] for cut in cuts.values()):  # every slot, then what moved
                     self._read(cuts)
+                    reads += 1
                     for cut in cuts.values():
                         lagging, ahead = self._lag(cut["senders"], cut["holders"])
                         cut["read"] = self._inconsistent(cut["nodes"], cut["chosen"] & ~cut["virtual"], lagging,
                                                          ahead, cut["k"], cut["versions"])
                         cut["mark"] = cut["markers"] & ahead
                     if any(cut["read"].any() or cut["mark"] for cut in cuts.values()):
+                        self.rereads += 1
                         if clock.monotonic() > deadline:
                             raise Error(f"tables {list(stripes)}: parity holders kept lagging behind the data")
+                        if self.patience is not None and reads >= self.patience:
+                            raise Unsettled(f"tables {list(stripes)}: the stripes still moved after {reads} reads")
                         clock.sleep(0.001)
             except NotRebuilt as exc:
                 self._not_rebuilt(exc, cuts[exc.table], unread[exc.table])

@@ -16,7 +16,11 @@ import threading
 from .. import clock
 from ..client import Client
 from ..client.client import _Relaid
+from ..client.repair import Unsettled
 from ..errors import Error, Unavailable
+
+MIN_BATCH = 1024  # fewest rows a round reads; it then waits for its stripes to settle however long they move
+PATIENCE = 3  # reads of one round's stripes before it gives up and the next round reads half as many
 
 
 class RebuildRounds:
@@ -26,6 +30,9 @@ class RebuildRounds:
         self.cluster, self.position, self.source = cluster, position, source
         self.client = Client(cluster)
         self.started = False  # the map names this identity at the position: rebuilding has begun
+        # Rows a round asks for: halved after a round whose stripes writes moved on through PATIENCE reads (a
+        # smaller read is sooner done, so fewer windows close while it runs), doubled after one read once.
+        self.batch = cluster.config.rebuild_batch
 
     def round(self) -> float | None:
         """Rebuild one batch; seconds to rest before the next round, or None when there is nothing left
@@ -39,12 +46,18 @@ class RebuildRounds:
             self.started = True
         if cluster.source(self.position) != self.source:
             return None
-        began = clock.monotonic()
+        began, rereads = clock.monotonic(), self.client.repair.rereads
+        self.client.repair.patience = PATIENCE if self.batch > MIN_BATCH else None
         try:
-            if not self.client._rebuild_some(self.position, cluster.config.rebuild_batch):
+            if not self.client._rebuild_some(self.position, self.batch):
                 return None
         except _Relaid:  # laid out again (a grow, once this node was up): no position holds this identity now
             return None
+        except Unsettled:
+            self.batch = max(MIN_BATCH, self.batch // 2)
+        else:
+            if self.client.repair.rereads == rereads:
+                self.batch = min(cluster.config.rebuild_batch, 2 * self.batch)
         share = min(max(cluster.config.rebuild_share, 0.01), 1.0)
         return (clock.monotonic() - began) * (1 - share) / share
 
