@@ -73,7 +73,9 @@ class Decider:
         self.told: dict[str, float] = {}  # endpoint -> when it was last told to stop, being drained (soft state)
         self.handovers_failed: dict[str, int] = {}  # endpoint -> handovers of its position that failed (soft state)
         self.grows_failed: dict[str, int] = {}  # spare endpoint -> attempts to add it that failed (soft state)
-        self.handing_over: float | None = None  # since when a handover runs (a process keeps the lease alive then)
+        self.busy_since: float | None = None  # since when a long step runs, a handover or a reconcile (a process
+        # keeps the election lease alive meanwhile: on a loaded machine a reconcile of many tables outlasts the lease,
+        # and a decider that lost it mid-way had its map change refused, and the other decider began it again)
         self.copies = 0  # copies of nodes' rows it asked for (each handover names its own)
 
     # -- election ----------------------------------------------------------
@@ -126,7 +128,11 @@ class Decider:
                      f"not finish: thawed")
             return self._thaw(frozen, given)
         if m.failing:
-            return self._reconcile(m, *m.failing[0])
+            self.busy_since = clock.monotonic()
+            try:
+                return self._reconcile(m, *m.failing[0])
+            finally:
+                self.busy_since = None
         states = plans.rebuild_states(m, presence)
         if states != m:
             return self._swap(m, states) is not None
@@ -315,11 +321,11 @@ class Decider:
             return False
         endpoint = m.endpoints[p]
         if self.handovers_failed.get(endpoint, 0) < HANDOVER_TRIES or not ClusterConfig(**m.config).r:
-            self.handing_over = clock.monotonic()  # without parity, a failover would lose its rows
+            self.busy_since = clock.monotonic()  # without parity, a failover would lose its rows
             try:
                 return self._hand_over(m, p, spares[0], drains)
             finally:
-                self.handing_over = None
+                self.busy_since = None
         self.log(f"epoch {m.epoch}: {HANDOVER_TRIES} handovers of position {p} failed: failing it over instead")
         self._flush(endpoint)
         presence = self.store.presence()  # the flush took a while: a node may have gone meanwhile
@@ -362,11 +368,11 @@ class Decider:
         if spare is None:
             return False
         attempt = Grow(self, m, spare, self.store.grow_guard(spare, grows[spare]))
-        self.handing_over = clock.monotonic()
+        self.busy_since = clock.monotonic()
         try:
             why = attempt.run()
         finally:
-            self.handing_over = None
+            self.busy_since = None
         if why is None:
             self.grows_failed.pop(spare, None)
             self.log(f"epoch {m.epoch}: {spare} added as position {m.nodes}: {m.nodes + 1} positions now "

@@ -4,8 +4,9 @@ Run two or more per cluster: they elect one through etcd, and a new one takes ov
 `ELECTION_TTL` seconds of the acting one's death. It wakes on every change under the
 cluster's prefix (a watch: a node's presence lapsing, a map swapped, a drain or grow asked for), and at
 least every `IDLE` seconds, for the decisions that wait on time alone. While it hands a drained node over
-(which copies the node's memory, maybe for longer than the election lease), a thread keeps its
-election lease alive, for `LONG_STEP` seconds at most, through a store client of its own.
+(which copies the node's memory, maybe for longer than the election lease) or reconciles a failed node's
+stripes, a thread keeps its election lease alive, for `LONG_STEP` seconds at most, through a store client of
+its own.
 """
 from __future__ import annotations
 
@@ -27,15 +28,15 @@ from .control import ZmqControl
 from .node_server import die_with_parent
 
 IDLE = ELECTION_TTL / 4  # its election lease is kept alive at each step: four chances per lease
-LONG_STEP = 300.0  # longest a handover's election lease is kept alive for it (a hung decider is then replaced)
+LONG_STEP = 300.0  # longest a handover's or reconcile's election lease is kept alive for it (a hung decider is then replaced)
 
 
 def keep_lease_while_busy(decider: Decider, membership: dict, stop: threading.Event) -> None:
-    """Every third of the election TTL: while a handover has run for less than LONG_STEP, keep the decider's
-    lease alive."""
+    """Every third of the election TTL: while a long step (a handover, a reconcile) has run for less than
+    LONG_STEP, keep the decider's lease alive."""
     store = open_store(membership)
     while not stop.wait(ELECTION_TTL / 3):
-        since, lease = decider.handing_over, decider.lease
+        since, lease = decider.busy_since, decider.lease
         if since is not None and lease is not None and clock.monotonic() - since < LONG_STEP:
             try:
                 store.membership.keepalive(lease)
