@@ -39,6 +39,20 @@ def test_a_dropped_table_is_gone_everywhere_and_its_name_not_used_again(processe
         check_parity(cluster, client)
 
 
+def test_a_late_copy_of_a_tables_create_does_not_bring_it_back_on_a_node():
+    """A create that reaches a node after the table's drop (a duplicate delayed in the network: the node answered
+    the first copy) is refused: the name is not used again. Before, the node created the table again and listed
+    it (simulation seed rs 1271)."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=100, dim=2, init="zeros")
+        create = {"op": "create_table", "spec": client._table("t")[0].get_config()}
+        client.drop_table("t")
+        reply, _ = cluster.channel(1).call(create, [], 5.0)
+        assert reply.get("error") == "invalid" and "'t' was dropped" in reply["message"]
+        assert client.tables() == {} and [n["tables"] for n in client.status()["nodes"]] == [0] * 5
+
+
 def test_racing_drops_one_wins_and_a_create_of_the_name_is_refused():
     with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False) as cluster:
         client = cluster.connect()

@@ -69,7 +69,10 @@ FOUND = [("rs", 253, "a client catching up on two moved positions failed the sec
                       "what each retired identity applied (`Map.retired`)"),
          ("rs", 800, "the parity check (not the product) asked position 8 for its parity after its own reads had shown "
                      "8 dead: the request named no node, and the node now at position 0 (cut off while at 8, back "
-                     "as a spare) answered it as its own (InvalidRequest)")]
+                     "as a spare) answered it as its own (InvalidRequest)"),
+         ("rs", 1271, "a table's create reached a node twice, the copy it answered first and the original half a "
+                      "second late, after the table was dropped: the node created it again, listed it to clients, "
+                      "and the parity check read it from nodes that had dropped it (InvalidRequest)")]
 
 
 @pytest.mark.timeout(300)

@@ -66,7 +66,7 @@ class Node:
         self.last_rebuild: dict | None = None  # the last rebuild that ended: rows, seconds, and seconds pulling rows
         self.source = f"node/{position}/{clocks.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
-        self.dropped: set[str] = set()  # tables dropped here (and not created again): deltas for them are moot
+        self.dropped: set[str] = set()  # tables dropped here (never created again): deltas for them are moot
         self.write_seq = 0
         self.window_opened = self.clock()
         self._next_seq: dict[int, int] = {}
@@ -170,6 +170,8 @@ class Node:
         spec = TableSpec.from_config(msg.spec)
         existing = self.shards.get(spec.name)
         peers = {"peers": {str(t): s for t, s in self.sources.items() if t != self.position}}
+        if existing is None and spec.name in self.dropped:  # names are never used again: a late copy of its
+            raise InvalidRequest(f"table {spec.name!r} was dropped: its name is not used again")  # create, not a new one
         if existing is not None:
             if existing.spec != spec:
                 raise InvalidRequest(f"table {spec.name!r} exists with a different definition "
@@ -183,7 +185,6 @@ class Node:
                                  f"{need / 2**30:.1f} GiB on each node; this node has {free / 2**30:.1f} GiB available")
         try:
             self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding)
-            self.dropped.discard(spec.name)
         except MemoryError:
             raise InvalidRequest(f"table {spec.name!r}: not enough memory on node {self.position} for "
                                  f"{need / 2**30:.1f} GiB") from None
