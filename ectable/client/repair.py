@@ -75,7 +75,8 @@ class Repair:
 
     def recover_many(self, stripes: dict, skip: int | None = None) -> dict:
         """`recover` of several tables ({table: stripes} -> {table: (blocks, cut, counts)}), every table's
-        reads in flight at once; each table's cut is checked on its own."""
+        reads in flight at once; each table's cut is checked on its own. Raises `Unsettled` once the cut
+        still moved after `patience` reads (when set)."""
         deadline, reads = clock.monotonic() + 30, 0
         unread = {table: None for table in stripes}  # per table: slots a rebuilding node said it has not rebuilt
         while True:
