@@ -148,7 +148,7 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: 
 
     def install(holder, name: str, i: int) -> None:
         a = get(i, getattr(holder, name))
-        if own and a.flags.writeable and a.flags.c_contiguous:
+        if own and a.flags.writeable and a.flags.c_contiguous and name != "parity":  # parity: in the node's arena
             setattr(holder, name, a)
         else:
             getattr(holder, name)[:] = a

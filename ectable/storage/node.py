@@ -22,6 +22,7 @@ from ..checkpoint.quantize import BITS
 from . import snapshots
 from .retained import Retained
 from .optimizers import WRITES
+from .arena import Arena
 from .parity import delta_slots, fold, window_deltas
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
@@ -92,6 +93,7 @@ class Node:
         self.applied_clients: dict[str, dict] = {}  # source -> the client marks of its last applied window
         self.writer: snapshots.Writer | None = None  # the pieces of this node's last checkpoint
         self.retained = Retained(None if rebuilding else 0)  # others' recent windows, to roll back to if their sender dies
+        self.arena = Arena()  # every table's parity rows
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
         self.queued_rows = 0
         self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
@@ -184,7 +186,7 @@ class Node:
             raise InvalidRequest(f"table {spec.name!r}: {spec.num_rows} rows of {spec.width} float32 need "
                                  f"{need / 2**30:.1f} GiB on each node; this node has {free / 2**30:.1f} GiB available")
         try:
-            self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding)
+            self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding, self.arena)
         except MemoryError:
             raise InvalidRequest(f"table {spec.name!r}: not enough memory on node {self.position} for "
                                  f"{need / 2**30:.1f} GiB") from None
@@ -198,6 +200,7 @@ class Node:
         self.dropped.add(msg.table)  # a node without it (a spare) also skips deltas and replays naming it
         if shard is None:
             return {"dropped": False}, []
+        shard.free()
         self.queued = [w for w in self.queued if w[0] is not shard]
         self.queued_rows = sum(w[1].size for w in self.queued)
         for log in self.skipped.values():

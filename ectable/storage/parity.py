@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codes import gf256
 from ..errors import InvalidRequest
 from ..layout import Layout
 
@@ -80,16 +81,25 @@ def window_deltas(shards, position: int, config) -> dict:
 
 
 def fold(code, entries: list) -> None:
-    """Fold queued deltas of one width, [(shard, ids, delta, slots, ...)] from any senders and tables, into
-    their shards' parity rows (every parity row of those shards is there). The GF(2^8) terms of all of
-    them take one pass per coefficient (at most k * r passes, however many deltas); each delta's terms
-    then go into its shard's parity rows in one gather, XOR and scatter (a delta names each row once)."""
+    """Fold queued deltas of one width, [(shard, ids, delta, slots, source, seq)] from any senders and tables,
+    into their shards' parity rows (every parity row of those shards is there). The GF(2^8) terms of all of
+    them take one pass per coefficient (at most k * r passes, however many deltas); then each message's
+    terms go into the parity rows of all its tables with one gather, XOR and scatter per block of the node's
+    arena (a message names each table once and each parity row of a table once)."""
+    key = lambda e: (e[4], e[5], id(e[0].block))  # noqa: E731
+    entries = sorted(entries, key=key)  # a message's tables together, block by block
+    keys = [key(e) for e in entries]
+    delta = np.concatenate([e[2] for e in entries])
     if code.unit:  # XOR: a delta is its own term
-        terms = [e[2] for e in entries]
+        terms = delta
     else:
         j, pos = (np.concatenate([e[3][n] for e in entries]) for n in (0, 2))
-        every = code.delta_terms(j, pos, np.concatenate([e[2] for e in entries]))
-        at = np.cumsum([0] + [e[1].size for e in entries]).tolist()
-        terms = [every[a:b] for a, b in zip(at, at[1:])]
-    for entry, term in zip(entries, terms):
-        entry[0].fold(entry[3][1], term)
+        terms = code.delta_terms(j, pos, delta)
+    rows = np.concatenate([shard.block_rows(slots[1]) for shard, _, _, slots, *_ in entries])
+    at = np.cumsum([0] + [e[1].size for e in entries]).tolist()
+    starts = [n for n in range(len(keys)) if n == 0 or keys[n] != keys[n - 1]] + [len(keys)]
+    for first, end in zip(starts, starts[1:]):
+        block, pick = entries[first][0].block.rows, slice(at[first], at[end])
+        part = block[rows[pick]]
+        gf256.xor_into(part, terms[pick])
+        block[rows[pick]] = part

@@ -5,6 +5,7 @@ import numpy as np
 
 from ..codes import Code, gf256
 from ..errors import Error, InvalidRequest
+from .arena import Arena
 from .initializers import init_rows
 from .optimizers import write_rows
 from .parity import delta_slots
@@ -35,12 +36,16 @@ class NotRebuilt(Error):
 class Shard:
     """Data rows (weights + optimizer state, float32) and parity rows (bytes) of a table on node `node`."""
 
-    def __init__(self, spec: TableSpec, layout: Layout, node: int, code: Code, rebuilding: bool = False):
+    def __init__(self, spec: TableSpec, layout: Layout, node: int, code: Code, rebuilding: bool = False,
+                 arena: Arena | None = None):
+        """`arena`: where the parity rows go (the node's, shared with its other tables; None: a block of their own)."""
         self.spec, self.layout, self.node, self.code = spec, layout, node, code
         self.optimizer = spec.make_optimizer()
         self.dim, self.width = spec.dim, spec.width
         self.records = np.zeros((layout.data_capacity(), self.width), dtype=np.float32)
-        self.parity = np.zeros((layout.parity_capacity(), self.width * 4), dtype=np.uint8)
+        self.arena = arena if arena is not None else Arena(block_bytes=0)
+        self.block, self.parity_base = self.arena.take(layout.parity_capacity(), self.width * 4)
+        self.parity = self.block.rows[self.parity_base: self.parity_base + layout.parity_capacity()]
         self.versions = np.zeros(self.parity.shape[0], dtype=np.int64)  # degraded writes each parity row holds
         self.window = Window(layout.data_capacity(), self.width, modified=rebuilding)  # a replacement: all rows
         self.marks = {"checkpoint": None, "full": None}  # the chain its flags were cleared for (`snapshots`)
@@ -203,6 +208,15 @@ class Shard:
         block = self.parity[local]
         gf256.xor_into(block, terms)
         self.parity[local] = block
+
+    def block_rows(self, local: np.ndarray) -> np.ndarray:
+        """Where parity rows `local` sit in `self.block`, their initial values computed."""
+        self._compute_parity(local)
+        return self.parity_base + local
+
+    def free(self) -> None:
+        """Give the parity rows' memory back (the table is dropped)."""
+        self.arena.give(self.block, self.parity_base, self.parity.shape[0])
 
     def read_parity(self, stripes) -> tuple[np.ndarray, np.ndarray]:
         """Parity rows of `stripes` and how many degraded writes each holds (a decode that reads two

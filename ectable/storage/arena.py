@@ -1,0 +1,67 @@
+"""The parity rows of a node's tables, kept together: tables whose parity rows have the same size share
+large blocks, so that a delta message naming many tables folds into parity with one gather, XOR and
+scatter per block instead of one per table (`parity.fold`).
+
+A block is a private anonymous memory map: pages never written take no memory, so a block can be much larger
+than the tables in it, and a dropped table's pages are given back at once. A dropped table's range is not
+used again; a block is unmapped when its last table is dropped.
+"""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+BLOCK_BYTES = 1 << 26  # a block's size, unless one table needs more (then it has a block of its own)
+
+
+class Block:
+    """One mapping of parity rows of `row_bytes` bytes each, handed out in ranges from its start."""
+
+    def __init__(self, rows: int, row_bytes: int):
+        try:
+            self._map = mmap.mmap(-1, max(rows * row_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError as e:  # as np.zeros would say it
+            raise MemoryError(f"cannot map {rows * row_bytes} bytes: {e}") from None
+        self.rows = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes).reshape(rows, row_bytes)
+        self.used = 0  # rows handed out, from the start
+        self.tables = 0  # ranges still in use
+
+    def free(self, base: int, rows: int) -> None:
+        """Give back the memory of rows [base, base + rows), which are not used again."""
+        row_bytes = self.rows.shape[1]
+        start = -(-base * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the range
+        end = (base + rows) * row_bytes // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start and hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+class Arena:
+    """The blocks of one node, by parity row size."""
+
+    def __init__(self, block_bytes: int = BLOCK_BYTES):
+        self.block_bytes = block_bytes
+        self.blocks: dict[int, list[Block]] = {}
+
+    def take(self, rows: int, row_bytes: int) -> tuple[Block, int]:
+        """A range of `rows` zeroed parity rows: (its block, its first row there)."""
+        if rows == 0:
+            return Block(0, row_bytes), 0
+        blocks = self.blocks.setdefault(row_bytes, [])
+        block = next((b for b in blocks if b.rows.shape[0] - b.used >= rows), None)
+        if block is None:
+            block = Block(max(rows, self.block_bytes // max(row_bytes, 1)), row_bytes)
+            blocks.append(block)
+        base, block.used = block.used, block.used + rows
+        block.tables += 1
+        return block, base
+
+    def give(self, block: Block, base: int, rows: int) -> None:
+        """The range (block, base) of `rows` rows is no longer used."""
+        block.tables -= 1
+        block.free(base, rows)
+        blocks = self.blocks.get(block.rows.shape[1], [])
+        if block.tables == 0 and block in blocks:
+            blocks.remove(block)  # unmapped once no view of it is left
+            if not blocks:
+                del self.blocks[block.rows.shape[1]]

@@ -1,0 +1,61 @@
+"""The parity arena: a node's tables of one row size keep their parity rows in shared blocks, a delta
+message naming many tables folds into them at once, and a dropped table's rows are given back."""
+import mmap
+
+import numpy as np
+import pytest
+
+import ectable
+from ectable.storage.arena import Arena
+from ectable.testing import check_parity, read_records
+
+
+def test_ranges_of_one_row_size_share_a_block_until_it_is_full_and_an_empty_block_goes():
+    page = mmap.PAGESIZE  # rows of a page each: a range's pages are whole
+    arena = Arena(block_bytes=100 * page)
+    a, at_a = arena.take(40, page)
+    b, at_b = arena.take(60, page)
+    c, at_c = arena.take(10, page)  # no room left in the first block
+    d, _ = arena.take(10, 64)  # another row size: another block
+    assert (a, at_a) == (b, 0) and at_b == 40 and c is not a and at_c == 0 and d not in (a, c)
+    assert a.rows.shape == (100, page) and not a.rows.any()
+    a.rows[:] = 7
+    arena.give(b, at_b, 60)
+    assert not a.rows[at_b:].any() and (a.rows[:at_b] == 7).all()  # its pages given back: zeros again
+    arena.give(a, at_a, 40)
+    assert arena.blocks[page] == [c]  # the first block's last range is gone: the block with it
+    arena.give(c, at_c, 10)
+    assert page not in arena.blocks and 64 in arena.blocks
+    empty, _ = arena.take(0, 32)  # a table without parity rows takes no block of the arena's
+    assert empty.rows.shape == (0, 32) and 32 not in arena.blocks
+
+
+@pytest.mark.parametrize("code,k,r", [("xor", 3, 1), ("rs", 3, 2)])
+def test_tables_sharing_a_block_fold_one_message_into_the_right_rows(code, k, r):
+    with ectable.LocalCluster(nodes=k + r, code=code, k=k, r=r, processes=False, window_rows=1 << 20) as cluster:
+        client = cluster.connect()
+        for t in range(4):
+            client.create_table(f"t{t}", num_rows=2000 + 100 * t, dim=8, optimizer="adagrad", lr=0.1,
+                                init="normal", seed=t)
+        client.create_table("wide", num_rows=500, dim=24, init="zeros")  # rows of another size
+        node = cluster.node(0)
+        blocks = {name: shard.block for name, shard in node.shards.items()}
+        assert len({id(blocks[f"t{t}"]) for t in range(4)}) == 1 and blocks["wide"] is not blocks["t0"]
+        rng = np.random.default_rng(3)
+        expected = {}
+        for step in range(6):
+            for t in range(4):  # every table written in each window: one delta message names all of them
+                ids = rng.choice(2000, 300, replace=False)
+                client.apply_gradient(f"t{t}", ids, rng.normal(size=(300, 8)).astype(np.float32))
+            client.put("wide", [step], np.full((1, 24), step, np.float32))
+            client.step()
+        client.flush()
+        check_parity(cluster, client)  # every parity row against zfec's encoding of the data
+        client.drop_table("t1")
+        for t in (0, 2, 3):
+            expected[t] = read_records(client, f"t{t}", np.arange(2000 + 100 * t))
+        client.apply_gradient("t2", np.arange(50), np.ones((50, 8), np.float32))
+        client.step()
+        client.flush()
+        check_parity(cluster, client)
+        np.testing.assert_array_equal(read_records(client, "t3", np.arange(2300)), expected[3])
