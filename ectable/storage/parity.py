@@ -86,9 +86,7 @@ def fold(code, entries: list) -> None:
     them take one pass per coefficient (at most k * r passes, however many deltas); then each message's
     terms go into the parity rows of all its tables with one gather, XOR and scatter per block of the node's
     arena (a message names each table once and each parity row of a table once)."""
-    key = lambda e: (e[4], e[5], id(e[0].block))  # noqa: E731
-    entries = sorted(entries, key=key)  # a message's tables together, block by block
-    keys = [key(e) for e in entries]
+    entries = sorted(entries, key=lambda e: (e[4], e[5]))  # each message's tables together
     delta = np.concatenate([e[2] for e in entries])
     if code.unit:  # XOR: a delta is its own term
         terms = delta
@@ -97,7 +95,8 @@ def fold(code, entries: list) -> None:
         terms = code.delta_terms(j, pos, delta)
     rows = np.concatenate([shard.block_rows(slots[1]) for shard, _, _, slots, *_ in entries])
     at = np.cumsum([0] + [e[1].size for e in entries]).tolist()
-    starts = [n for n in range(len(keys)) if n == 0 or keys[n] != keys[n - 1]] + [len(keys)]
+    starts = [n for n, (e, before) in enumerate(zip(entries, [None, *entries]))  # a message's run of one block
+              if before is None or e[4:6] != before[4:6] or e[0].block is not before[0].block] + [len(entries)]
     for first, end in zip(starts, starts[1:]):
         block, pick = entries[first][0].block.rows, slice(at[first], at[end])
         part = block[rows[pick]]
