@@ -76,7 +76,8 @@ def train_loop(plt) -> None:
         label = f"{run['workload'].split(':')[0]}, {run['compute_ms']:g} ms model step"
         ax.bar(np.arange(len(stores)) + n * width, [ratio.get(s, 0) for s in stores], width, label=label)
     ax.set_xticks(np.arange(len(stores)) + width * (len(runs) - 1) / 2)
-    ax.set_xticklabels([s.replace(" + ", "\n+ ").replace(" nodes", "\nnodes") for s in stores], fontsize=7)
+    ax.set_xticklabels([s.replace(", window_seconds=1.0", "").replace(", window_steps=", "\nW=")
+                        .replace(" + ", "\n+ ").replace(" nodes", "\nnodes") for s in stores], fontsize=7)
     ax.set_ylabel("ids/s against in-process numpy")
     ax.set_title("Training-loop throughput (node processes on loopback, 2 cores)", fontsize=10)
     ax.legend(fontsize=7)
