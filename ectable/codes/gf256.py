@@ -52,6 +52,13 @@ def xor_into(dst: np.ndarray, src: np.ndarray) -> None:
         np.bitwise_xor(dst, src, out=dst)
 
 
+def xor_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+    """dst[rows] ^= src for a 2-D uint8 `dst` and unique `rows`: one gather, XOR and scatter."""
+    part = dst[rows]
+    xor_into(part, src)
+    dst[rows] = part
+
+
 def scale_rows(coef: np.ndarray, src: np.ndarray) -> np.ndarray:
     """A new array whose row x is coef[x] * src[x], for 2-D uint8 `src` and one coefficient per row."""
     src = np.ascontiguousarray(src)

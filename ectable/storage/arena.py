@@ -34,7 +34,7 @@ class Block:
         row_bytes = self.rows.shape[1]
         start = -(-base * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the range
         end = (base + rows) * row_bytes // mmap.PAGESIZE * mmap.PAGESIZE
-        if end > start and hasattr(self._map, "madvise"):
+        if end > start:
             self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 

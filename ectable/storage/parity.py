@@ -95,10 +95,8 @@ def fold(code, entries: list) -> None:
         terms = code.delta_terms(j, pos, delta)
     rows = np.concatenate([shard.block_rows(slots[1]) for shard, _, _, slots, *_ in entries])
     at = np.cumsum([0] + [e[1].size for e in entries]).tolist()
-    starts = [n for n, (e, before) in enumerate(zip(entries, [None, *entries]))  # a message's run of one block
-              if before is None or e[4:6] != before[4:6] or e[0].block is not before[0].block] + [len(entries)]
-    for first, end in zip(starts, starts[1:]):
-        block, pick = entries[first][0].block.rows, slice(at[first], at[end])
-        part = block[rows[pick]]
-        gf256.xor_into(part, terms[pick])
-        block[rows[pick]] = part
+    starts = [0] + [n for n in range(1, len(entries))  # where a message's run of tables in one block begins
+                    if entries[n][4:6] != entries[n - 1][4:6] or entries[n][0].block is not entries[n - 1][0].block]
+    for first, end in zip(starts, starts[1:] + [len(entries)]):
+        pick = slice(at[first], at[end])
+        gf256.xor_rows(entries[first][0].block.rows, rows[pick], terms[pick])

@@ -204,10 +204,7 @@ class Shard:
 
     def fold(self, local: np.ndarray, terms: np.ndarray) -> None:
         """parity[local] ^= terms, for unique parity rows `local`."""
-        self._compute_parity(local)
-        block = self.parity[local]
-        gf256.xor_into(block, terms)
-        self.parity[local] = block
+        gf256.xor_rows(self.block.rows, self.block_rows(local), terms)
 
     def block_rows(self, local: np.ndarray) -> np.ndarray:
         """Where parity rows `local` sit in `self.block`, their initial values computed."""
