@@ -11,9 +11,7 @@ nodes through it, so both follow maps with the same code.
 """
 from __future__ import annotations
 
-import time
-
-from .. import security
+from .. import clock, security
 from ..config import ENDPOINT, ClusterConfig
 from ..errors import InvalidRequest
 from ..protocol import messages
@@ -118,7 +116,7 @@ class NodeHost:
                 if msg.rows:
                     self.copied_rows = (msg.copy, handover.copied_rows(msg.state, list(arrays)))
                     return {}, []
-                began = time.monotonic()
+                began = clock.monotonic()
                 self.pending = handover.restore(msg.state, list(arrays), ClusterConfig(**msg.config), rows,
                                                 own=self.owns_arrays)
                 self.given_at = max(self.given_at, msg.epoch)
@@ -126,7 +124,7 @@ class NodeHost:
                 return messages.error(ErrorCode.INVALID, f"take_over: {exc}"), []
             self.pending.lazy_close = self.lazy_close
             self.announce()  # the identity it is to take: the decider waits for it, and then does not fail it over
-            return {"source": self.pending.source, "seconds": time.monotonic() - began}, []
+            return {"source": self.pending.source, "seconds": clock.monotonic() - began}, []
         if self.node is None:
             return messages.error(ErrorCode.NOT_MEMBER, "this node holds no position (a spare)"), []
         if msg.op == "freeze":
