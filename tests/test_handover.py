@@ -24,7 +24,7 @@ def same(a, b, path="node") -> None:
     """Assert `a` and `b` hold the same state, field by field (objects by their attributes)."""
     if isinstance(a, (Node, Shard)) or type(a).__module__.startswith("ectable.storage"):
         assert type(a) is type(b), path
-        for name in vars(a).keys() | vars(b).keys():
+        for name in getattr(type(a), "__slots__", None) or vars(a).keys() | vars(b).keys():
             if name in NOT_STATE or name.startswith("_thread") or name == "_began":
                 continue
             va, vb = getattr(a, name, "<missing>"), getattr(b, name, "<missing>")

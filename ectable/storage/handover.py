@@ -27,11 +27,12 @@ import numpy as np
 from ..config import ClusterConfig
 from ..errors import InvalidRequest
 from .node import Node
+from .parity import Queued
 from .snapshots import Writer
 from .table import TableSpec
 from .window import SINCE_COPY
 
-VERSION = 1
+VERSION = 2
 
 
 def ready(node: Node) -> str | None:
@@ -99,8 +100,9 @@ def export(node: Node, copied=frozenset(), parity: bool = True) -> tuple[dict, l
                        "parity": put(s.parity) if parity else None,
                        "versions": put(s.versions), "flags": put(s.window.dirty), "marks": s.marks,
                        "fresh": maybe(s.fresh), "fresh_parity": maybe(s.fresh_parity), "left": list(s._fresh_left)})
-    retained = {source: [[w, now - arrival, rows, [[table, put(ids), put(delta), *map(put, slots)]
-                                                   for table, ids, delta, slots in parts]]
+    retained = {source: [[w, now - arrival, rows, [[[s.spec.name for s in part.shards], part.counts, part.seq,
+                                                    put(part.ids), put(part.delta), *map(put, part.slots)]
+                                                   for part in parts]]
                          for w, arrival, parts, rows in log]
                 for source, log in node.retained.windows.items()}
     state = {
@@ -188,8 +190,9 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: 
     retained = state["retained"]
     node.retained.base, node.retained.level = retained["base"], dict(retained["level"])
     node.retained.windows = {
-        source: deque((w, now - age, [(table, get(ids), get(delta), (get(j), get(local), get(pos)))
-                                      for table, ids, delta, j, local, pos in parts], rows)
+        source: deque((w, now - age, [Queued([node.shards[name] for name in names], list(counts), get(ids),
+                                             get(delta), (get(j), get(local), get(pos)), source, seq)
+                                      for names, counts, seq, ids, delta, j, local, pos in parts], rows)
                       for w, age, rows, parts in log)
         for source, log in retained["windows"].items()}
     node.replayed, node.late = set(state["replayed"]), {w: now - age for w, age in state["late"]}

@@ -23,7 +23,7 @@ from . import snapshots
 from .retained import Retained
 from .optimizers import WRITES
 from .arena import Arena
-from .parity import delta_slots, fold, window_deltas
+from .parity import Queued, delta_slots, fold, window_deltas
 from .shard import NotRebuilt, Shard
 from .table import TableSpec
 
@@ -201,8 +201,8 @@ class Node:
         if shard is None:
             return {"dropped": False}, []
         shard.free()
-        self.queued = [w for w in self.queued if w[0] is not shard]
-        self.queued_rows = sum(w[1].size for w in self.queued)
+        self.queued = [entry for entry in (entry.without(shard) for entry in self.queued) if entry.shards]
+        self.queued_rows = sum(entry.ids.size for entry in self.queued)
         for log in self.skipped.values():
             kept = [entry for entry in log if entry[2] != shard.spec.name]
             log.clear()
@@ -434,20 +434,27 @@ class Node:
         if len(kept) < len(tables):
             bounds = np.concatenate(([0], np.cumsum(rows))).tolist()
             ids, rows = np.concatenate([ids[bounds[t]:bounds[t + 1]] for t in kept] or [ids[:0]]), rows[kept]
-        j, local, pos = delta_slots(shards, rows, ids)  # every table's rows at once
-        at = [0, *np.cumsum(rows).tolist()]
-        work = [(shard, ids[a:b], deltas[t], (j[a:b], local[a:b], pos[a:b]), source, seq)
-                for shard, t, a, b in zip(shards, kept, at, at[1:])]
+        slots = delta_slots(shards, rows, ids)  # every table's rows at once
+        widths = [shard.width * 4 for shard in shards]
+        if len(set(widths)) == 1:  # as usual: one width, the bytes as they came
+            delta = (arrays[2].reshape(-1, widths[0]) if len(kept) == len(tables)
+                     else np.concatenate([deltas[t] for t in kept]))
+            work = [Queued(shards, rows.tolist(), ids, delta, slots, source, seq)]
+        else:  # an entry per width: a fold takes rows of one width
+            whole = Queued(shards, rows.tolist(), ids, None, slots, source, seq)
+            work = [whole.take(picked, np.concatenate([deltas[kept[t]] for t in picked]))
+                    for picked in ([t for t, w in enumerate(widths) if w == width] for width in sorted(set(widths)))]
         if msg.dead is not None:  # counted at once; the bytes follow before anything reads parity
-            for shard, ids, *_ in work:
-                shard.count_degraded(ids)
+            for entry in work:
+                for shard, ids, _, _ in entry.parts():
+                    shard.count_degraded(ids)
         self.queued.extend(work)  # applied when the node is idle, or before anything reads parity
-        self.queued_rows += sum(w[1].size for w in work)
+        self.queued_rows += int(rows.sum())
         if self.queued_rows > MAX_QUEUED_ROWS:
             self.apply_queued()
         self.applied[source] = seq
         if msg.window is not None:
-            self.retained.add(source, msg.window, msg.durable, [(w[0].spec.name, *w[1:4]) for w in work], self.clock())
+            self.retained.add(source, msg.window, msg.durable, work, self.clock())
         clients = msg.clients
         if isinstance(clients, dict):  # the marks of the clients that wrote in that window: the others stand
             self.applied_clients.setdefault(source, {}).update(self._marks(clients))
@@ -457,15 +464,15 @@ class Node:
         """Fold every received delta into the parity rows; keep what rows not rebuilt yet skipped."""
         queued, self.queued, self.queued_rows = self.queued, [], 0
         now = self.clock()
-        whole: dict[int, list] = {}  # delta row bytes -> entries for shards with every parity row there
+        whole: dict[int, list] = {}  # delta row bytes -> messages whose tables have every parity row there
         for entry in queued:
-            shard, ids, delta, slots, source, seq = entry
-            if shard.missing_parity is None:
-                whole.setdefault(delta.shape[1], []).append(entry)
+            if all(shard.missing_parity is None for shard in entry.shards):
+                whole.setdefault(entry.delta.shape[1], []).append(entry)
                 continue
-            skipped = shard.apply_delta(ids, delta, slots)
-            if skipped is not None:
-                self.skipped.setdefault(source, deque()).append((seq, now, shard.spec.name, *skipped))
+            for shard, ids, delta, slots in entry.parts():
+                skipped = shard.apply_delta(ids, delta, slots)
+                if skipped is not None:
+                    self.skipped.setdefault(entry.source, deque()).append((entry.seq, now, shard.spec.name, *skipped))
         for entries in whole.values():  # every sender's and table's rows of a width in one pass
             fold(self.code, entries)
         for source, log in self.skipped.items():  # bounded: a rebuild reading older data reads again
@@ -488,8 +495,9 @@ class Node:
             raise InvalidRequest(f"cannot roll {source!r}'s deltas back to window {window}: "
                                  f"at window {level}, kept back to {kept}")
         self.fenced.add(source)  # none of its deltas may land after this
-        for name, ids, delta, slots in self.retained.take_after(source, window):
-            self.shards[name].apply_delta(ids, delta, slots)  # rows not rebuilt yet are rebuilt from data
+        for entry in self.retained.take_after(source, window):
+            for shard, ids, delta, slots in entry.parts():
+                self.shards[shard.spec.name].apply_delta(ids, delta, slots)  # rows not rebuilt yet are rebuilt from data
         self.applied_clients[source] = self._marks(msg.clients)
         return {}, []
 
@@ -673,7 +681,7 @@ class Node:
         self.closed_upto = self.write_seq
         if self.config.r == 0:
             for shard in self.shards.values():
-                shard.window.drain()
+                shard.window.drain(views=True)
             self.durable_seq = self.write_seq
             self.window_clients = {}
             return

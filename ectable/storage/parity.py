@@ -52,7 +52,7 @@ def window_deltas(shards, position: int, config) -> dict:
             by_width.setdefault(shard.width, []).append(shard)
     found: dict[int, list] = {t: [] for t in range(nodes) if t != position}
     for group in by_width.values():
-        drained = [shard.window.drain() for shard in group]  # (local rows, old ^ new record bytes) each
+        drained = [shard.window.drain(views=True) for shard in group]  # (local rows, old ^ new record bytes) each
         counts = np.array([local.size for local, _ in drained])
         layout = Layout.of_rows([shard.layout for shard in group], counts)
         ids = layout.data_ids(position, np.concatenate([local for local, _ in drained]))
@@ -74,29 +74,74 @@ def window_deltas(shards, position: int, config) -> dict:
         names = [shard.spec.name for group, n, _, _ in pieces for shard, c in zip(group, n) if c]
         shape = np.array([[c, shard.width * 4] for group, n, _, _ in pieces for shard, c in zip(group, n) if c],
                          dtype=np.int64).reshape(-1, 2)
-        ids = np.concatenate([p[2] for p in pieces] or [np.empty(0, np.int64)])
-        delta = np.concatenate([p[3].reshape(-1) for p in pieces] or [np.empty(0, np.uint8)])
+        if len(pieces) == 1:  # one width: the target's rows as gathered
+            ids, delta = pieces[0][2], pieces[0][3].reshape(-1)
+        else:
+            ids = np.concatenate([p[2] for p in pieces] or [np.empty(0, np.int64)])
+            delta = np.concatenate([p[3].reshape(-1) for p in pieces] or [np.empty(0, np.uint8)])
         parts[target] = (names, [shape, ids, delta])
     return parts
 
 
+class Queued:
+    """One received delta message's rows of its tables of one width, checked and placed (`delta_slots`), until
+    they are folded into parity: `counts[t]` rows of `shards[t]`, one table after the other, in `ids`,
+    `delta` (uint8 [n, bytes]) and `slots` (j, local parity offset, position)."""
+
+    __slots__ = ("shards", "counts", "ids", "delta", "slots", "source", "seq")
+
+    def __init__(self, shards: list, counts: list, ids, delta, slots: tuple, source: str, seq: int):
+        self.shards, self.counts, self.ids, self.delta, self.slots = shards, counts, ids, delta, slots
+        self.source, self.seq = source, seq
+
+    def parts(self) -> list:
+        """[(shard, ids, delta, slots)] per table."""
+        at = np.cumsum([0, *self.counts]).tolist()
+        return [(shard, self.ids[a:b], self.delta[a:b], tuple(s[a:b] for s in self.slots))
+                for shard, a, b in zip(self.shards, at, at[1:])]
+
+    def take(self, tables: list, delta=None) -> "Queued":
+        """The same message's rows of tables `tables` (indices into `shards`) only (`delta`: their delta rows,
+        if this entry has none)."""
+        if len(tables) == len(self.shards) and delta is None:
+            return self
+        at = np.cumsum([0, *self.counts]).tolist()
+        pick = np.concatenate([np.arange(at[t], at[t + 1]) for t in tables] or [np.arange(0)])
+        return Queued([self.shards[t] for t in tables], [self.counts[t] for t in tables], self.ids[pick],
+                      self.delta[pick] if delta is None else delta, tuple(s[pick] for s in self.slots), self.source,
+                      self.seq)
+
+    def without(self, shard) -> "Queued":
+        return self.take([t for t, s in enumerate(self.shards) if s is not shard])
+
+    def runs(self) -> list:
+        """[(block, first row, end row, rows in the block)]: the message's parity rows in the node's arena,
+        by runs of tables in one block, their initial values computed."""
+        shards, local = self.shards, self.slots[1]
+        if any(s.fresh_parity is not None for s in shards):
+            for shard, _, _, slots in self.parts():
+                shard.block_rows(slots[1])
+        rows = np.repeat([s.parity_base for s in shards], self.counts) + local
+        starts = [0] + [t for t in range(1, len(shards)) if shards[t].block is not shards[t - 1].block]
+        at = np.cumsum([0, *self.counts]).tolist()
+        return [(shards[a].block, at[a], at[b], rows[at[a]:at[b]])
+                for a, b in zip(starts, starts[1:] + [len(shards)])]
+
+
 def fold(code, entries: list) -> None:
-    """Fold queued deltas of one width, [(shard, ids, delta, slots, source, seq)] from any senders and tables,
-    into their shards' parity rows (every parity row of those shards is there). The GF(2^8) terms of all of
-    them take one pass per coefficient (at most k * r passes, however many deltas); then each message's
-    terms go into the parity rows of all its tables with one gather, XOR and scatter per block of the node's
-    arena (a message names each table once and each parity row of a table once)."""
-    entries = sorted(entries, key=lambda e: (e[4], e[5]))  # each message's tables together
-    delta = np.concatenate([e[2] for e in entries])
+    """Fold queued deltas of one width (`Queued`, from any senders) into their shards' parity rows (every
+    parity row of those shards is there). The GF(2^8) terms of all of them take one pass per coefficient
+    (at most k * r passes, however many deltas); then each message's terms go into the parity rows of all
+    its tables with one gather, XOR and scatter per block of the node's arena (a message names each table
+    once and each parity row of a table once; two messages may name the same parity row)."""
+    delta = np.concatenate([e.delta for e in entries]) if len(entries) > 1 else entries[0].delta
     if code.unit:  # XOR: a delta is its own term
         terms = delta
     else:
-        j, pos = (np.concatenate([e[3][n] for e in entries]) for n in (0, 2))
+        j, pos = (np.concatenate([e.slots[n] for e in entries]) for n in (0, 2))
         terms = code.delta_terms(j, pos, delta)
-    rows = np.concatenate([shard.block_rows(slots[1]) for shard, _, _, slots, *_ in entries])
-    at = np.cumsum([0] + [e[1].size for e in entries]).tolist()
-    starts = [0] + [n for n in range(1, len(entries))  # where a message's run of tables in one block begins
-                    if entries[n][4:6] != entries[n - 1][4:6] or entries[n][0].block is not entries[n - 1][0].block]
-    for first, end in zip(starts, starts[1:] + [len(entries)]):
-        pick = slice(at[first], at[end])
-        gf256.xor_rows(entries[first][0].block.rows, rows[pick], terms[pick])
+    at = 0
+    for entry in entries:
+        for block, start, end, rows in entry.runs():
+            gf256.xor_rows(block.rows, rows, terms[at + start: at + end])
+        at += entry.ids.size

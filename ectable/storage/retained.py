@@ -26,14 +26,14 @@ class Retained:
     def __init__(self, base: int | None = 0):
         self.base = base  # the level of a sender none of whose deltas came here (None: unknown, rows rebuilt)
         self.level: dict[str, int] = {}  # source -> the window of its last delta taken here
-        self.windows: dict[str, deque] = {}  # source -> (window, arrival, [(table, ids, delta, slots)], rows), oldest first
+        self.windows: dict[str, deque] = {}  # source -> (window, arrival, [parity.Queued], rows), oldest first
 
     def add(self, source: str, window: int, durable: int | None, parts: list, now: float) -> None:
         """Keep window `window` of `source` (its deltas arrive in order); forget what every holder has."""
         log = self.windows.setdefault(source, deque())
         if self.level.get(source, window - 1) != window - 1:
             log.clear()  # not the next window: the older ones no longer lead up to it
-        log.append((window, now, parts, sum(part[1].size for part in parts)))
+        log.append((window, now, parts, sum(part.ids.size for part in parts)))
         self.level[source] = window
         rows = sum(entry[3] for entry in log)
         while log and (isinstance(durable, int) and log[0][0] <= durable or len(log) > RETAINED_WINDOWS
@@ -61,11 +61,11 @@ class Retained:
         """Drop every kept delta of `table` (it was dropped: rolling back never touches it again)."""
         for log in self.windows.values():
             for n, (window, arrival, parts, _) in enumerate(log):
-                parts = [part for part in parts if part[0] != table]
-                log[n] = (window, arrival, parts, sum(part[1].size for part in parts))
+                parts = [part.take([t for t, s in enumerate(part.shards) if s.spec.name != table]) for part in parts]
+                log[n] = (window, arrival, parts, sum(part.ids.size for part in parts))
 
     def take_after(self, source: str, window: int) -> list:
-        """Remove and return the (table, ids, delta, delta slots) parts of `source`'s windows after `window`;
+        """Remove and return the deltas (`parity.Queued`) of `source`'s windows after `window`;
         its level becomes `window`. The caller checked `kept(source) <= window`."""
         log = self.windows.get(source, deque())
         parts = []

@@ -73,10 +73,12 @@ class Window:
             out[dirty] = (out[dirty].view(np.uint32) ^ self._delta[self._slots(local[dirty])]).view(np.float32)
         return out
 
-    def drain(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, delta bytes uint8 [n, width * 4]) of the window, which closes and reopens empty."""
-        local = self._local[: self.size].copy()
-        delta = self._delta[: self.size].copy().view(np.uint8)
+    def drain(self, views: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, delta bytes uint8 [n, width * 4]) of the window, which closes and reopens empty. `views`: of
+        the window's own buffers, good until its next write."""
+        local, delta = self._local[: self.size], self._delta[: self.size].view(np.uint8)
+        if not views:
+            local, delta = local.copy(), delta.copy()
         self.dirty[local] &= ~np.uint8(IN_WINDOW)
         self.size = 0
         self._order = None
