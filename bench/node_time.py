@@ -26,11 +26,12 @@ from .workloads import WORKLOADS, profile_args
 
 PARITY = ["close_window", "op_delta", "apply_queued"]  # what a code with parity adds
 SHARED = ["op_get_many", "op_write"]
-STORES = [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2)]
+GROUPED = {"window_steps": 4, "window_seconds": 1.0}  # a window per 4 iterations, as in bench.train_loop
+STORES = [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2), ("xor", 4, 1, GROUPED), ("rs", 4, 2, GROUPED)]
 
 
-def timed(work, code: str, k: int, r: int) -> dict:
-    """{method: ms per iteration} over the workload's batches on 6 in-process nodes."""
+def timed(work, code: str, k: int, r: int, options: dict | None = None) -> dict:
+    """{method: ms per iteration} over the workload's batches on 6 in-process nodes (`options`: of the cluster)."""
     spent: dict[str, float] = defaultdict(float)
     saved = {name: getattr(Node, name) for name in PARITY + SHARED}
 
@@ -48,7 +49,7 @@ def timed(work, code: str, k: int, r: int) -> dict:
     ops = Node._ops
     Node._ops = {op: getattr(Node, f"op_{op}") for op in ops}  # the dispatcher's table, wrapped too
     try:
-        with ectable.LocalCluster(nodes=6, code=code, k=k, r=r, processes=False) as cluster:
+        with ectable.LocalCluster(nodes=6, code=code, k=k, r=r, processes=False, **(options or {})) as cluster:
             client = cluster.connect()
             create_tables(client, work)
             for n, batch in enumerate(work.batches):
@@ -118,9 +119,11 @@ def main():
     args = profile_args(__doc__.splitlines()[0])
     work = WORKLOADS[args.workload](args.iters, args.scale)
     rows = []
-    for code, k, r in STORES:
-        best = min((timed(work, code, k, r) for _ in range(args.repeat)), key=lambda t: sum(t[n] for n in PARITY))
-        rows.append([f"{code}({k},{r})" if r else "none", *(round(best[n], 2) for n in PARITY),
+    for code, k, r, *options in STORES:
+        best = min((timed(work, code, k, r, *options) for _ in range(args.repeat)),
+                   key=lambda t: sum(t[n] for n in PARITY))
+        name = (f"{code}({k},{r})" if r else "none") + (f" W={options[0]['window_steps']}" if options else "")
+        rows.append([name, *(round(best[n], 2) for n in PARITY),
                      round(sum(best[n] for n in PARITY), 2), *(round(best[n], 2) for n in SHARED)])
     print(f"\n{work.describe()}; {args.iters} iterations in process, ms per iteration summed over 6 nodes")
     report(f"node_time_{args.workload}", ["store", *PARITY, "parity", *SHARED], rows)
