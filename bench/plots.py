@@ -154,6 +154,7 @@ def node_cpu(plt) -> None:
         values = np.array([row[columns.index(piece)] for row in parts["rows"] if row[0] != "none"], dtype=float)
         right.bar(stores, values, bottom=bottom, label=piece)
         bottom += values
+    right.tick_params(axis="x", labelsize=7)
     right.set_ylabel("ms per iteration, 6 nodes")
     right.set_title("Parity work by part, in process", fontsize=9)
     right.legend(fontsize=7)

@@ -4,7 +4,8 @@ Each iteration gets a batch's rows and writes them back after a row-wise Adagrad
 same work as `bench.train_loop` on the same workloads. Redis (Debian's `redis-server`, started here on 127.0.0.1
 and stopped at the end) keeps one key per row whose value is the row's record (weights and
 optimizer state, float32 bytes); the client reads with pipelined MGET and writes with
-pipelined MSET through redis-py, and does the optimizer step itself. Redis runs with
+pipelined MSET through redis-py with its C reply parser (hiredis, in the bench extra), and does the
+optimizer step itself. Redis runs with
 persistence off, then with AOF `everysec`. ectable runs none, xor(4,1) and rs(4,2) on 6 node processes.
 All in one run; ratios are ectable over Redis.
 
