@@ -132,3 +132,37 @@ def _initial(ids):
         c = fresh.connect()
         c.create_table("new", num_rows=2000, dim=4, init="normal", seed=9)
         return c.get("new", ids)
+
+
+@pytest.mark.parametrize("code,r", [("xor", 1), ("rs", 2)])
+def test_deltas_still_queued_for_a_dropped_table_go_and_the_rest_of_their_messages_fold(code, r, monkeypatch):
+    """A node drops a table while delta messages naming it and other tables wait in its queue (and in its
+    retained windows): the other tables' rows of those messages still reach parity, exactly."""
+    from ectable.storage.node import Node
+    with ectable.LocalCluster(nodes=4 + r, code=code, k=4, r=r, processes=False, window_rows=1 << 20) as cluster:
+        client = cluster.connect()
+        rng = np.random.default_rng(5)
+        for name in ("a", "b", "c"):
+            client.create_table(name, num_rows=3000, dim=4, optimizer="adagrad", init="normal", seed=len(name))
+        client.create_table("wide", num_rows=500, dim=12)  # another width: a message of two entries
+        with monkeypatch.context() as patch:
+            patch.setattr(Node, "apply_queued", lambda self: None)  # nothing folds: every message stays queued
+            for _ in range(3):
+                for name in ("a", "b", "c"):
+                    ids = rng.choice(3000, 400, replace=False)
+                    client.apply_gradient(name, ids, rng.normal(size=(400, 4)).astype(np.float32))
+                client.put("wide", [7], np.ones((1, 12), np.float32))
+                client.step()
+            client.get_many({"a": [0]})  # the last step goes out
+            nodes = [cluster.node(p) for p in range(4 + r)]
+            named = [e for node in nodes for e in node.queued if "b" in [s.spec.name for s in e.shards]]
+            assert len(named) >= 3 and any(len(e.shards) > 1 for e in named)
+            client.drop_table("b")
+            for node in nodes:
+                assert all("b" not in [s.spec.name for s in e.shards] for e in node.queued)
+                for log in node.retained.windows.values():
+                    assert all("b" not in [s.spec.name for s in e.shards] for _, _, parts, _ in log for e in parts)
+        for node in nodes:
+            node.apply_queued()
+        client.flush()
+        check_parity(cluster, client)
