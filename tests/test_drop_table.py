@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import ectable
+from ectable.storage.node import Node
 from ectable.testing import check_parity, read_records
 
 
@@ -138,12 +139,11 @@ def _initial(ids):
 def test_deltas_still_queued_for_a_dropped_table_go_and_the_rest_of_their_messages_fold(code, r, monkeypatch):
     """A node drops a table while delta messages naming it and other tables wait in its queue (and in its
     retained windows): the other tables' rows of those messages still reach parity, exactly."""
-    from ectable.storage.node import Node
     with ectable.LocalCluster(nodes=4 + r, code=code, k=4, r=r, processes=False, window_rows=1 << 20) as cluster:
         client = cluster.connect()
         rng = np.random.default_rng(5)
         for name in ("a", "b", "c"):
-            client.create_table(name, num_rows=3000, dim=4, optimizer="adagrad", init="normal", seed=len(name))
+            client.create_table(name, num_rows=3000, dim=4, optimizer="adagrad", init="normal", seed=ord(name))
         client.create_table("wide", num_rows=500, dim=12)  # another width: a message of two entries
         with monkeypatch.context() as patch:
             patch.setattr(Node, "apply_queued", lambda self: None)  # nothing folds: every message stays queued
