@@ -21,12 +21,11 @@ import ectable
 from ectable.storage.node import Node
 
 from .common import report
-from .train_loop import WARMUP, create_tables
+from .train_loop import GROUPED, WARMUP, create_tables
 from .workloads import WORKLOADS, profile_args
 
 PARITY = ["close_window", "op_delta", "apply_queued"]  # what a code with parity adds
 SHARED = ["op_get_many", "op_write"]
-GROUPED = {"window_steps": 4, "window_seconds": 1.0}  # a window per 4 iterations, as in bench.train_loop
 STORES = [("none", 4, 0), ("xor", 4, 1), ("rs", 4, 2), ("xor", 4, 1, GROUPED), ("rs", 4, 2, GROUPED)]
 
 

@@ -201,7 +201,7 @@ class Node:
         if shard is None:
             return {"dropped": False}, []
         shard.free()
-        self.queued = [entry for entry in (entry.without(shard) for entry in self.queued) if entry.shards]
+        self.queued = [entry for entry in (entry.without(msg.table) for entry in self.queued) if entry.shards]
         self.queued_rows = sum(entry.ids.size for entry in self.queued)
         for log in self.skipped.values():
             kept = [entry for entry in log if entry[2] != shard.spec.name]

@@ -88,42 +88,42 @@ class Queued:
     they are folded into parity: `counts[t]` rows of `shards[t]`, one table after the other, in `ids`,
     `delta` (uint8 [n, bytes]) and `slots` (j, local parity offset, position)."""
 
-    __slots__ = ("shards", "counts", "ids", "delta", "slots", "source", "seq")
+    __slots__ = ("shards", "counts", "ids", "delta", "slots", "source", "seq", "at")
 
     def __init__(self, shards: list, counts: list, ids, delta, slots: tuple, source: str, seq: int):
         self.shards, self.counts, self.ids, self.delta, self.slots = shards, counts, ids, delta, slots
         self.source, self.seq = source, seq
+        self.at = np.cumsum([0, *counts]).tolist()  # where each table's rows begin, and the end
 
     def parts(self) -> list:
         """[(shard, ids, delta, slots)] per table."""
-        at = np.cumsum([0, *self.counts]).tolist()
         return [(shard, self.ids[a:b], self.delta[a:b], tuple(s[a:b] for s in self.slots))
-                for shard, a, b in zip(self.shards, at, at[1:])]
+                for shard, a, b in zip(self.shards, self.at, self.at[1:])]
 
     def take(self, tables: list, delta=None) -> "Queued":
         """The same message's rows of tables `tables` (indices into `shards`) only (`delta`: their delta rows,
         if this entry has none)."""
         if len(tables) == len(self.shards) and delta is None:
             return self
-        at = np.cumsum([0, *self.counts]).tolist()
+        at = self.at
         pick = np.concatenate([np.arange(at[t], at[t + 1]) for t in tables] or [np.arange(0)])
         return Queued([self.shards[t] for t in tables], [self.counts[t] for t in tables], self.ids[pick],
                       self.delta[pick] if delta is None else delta, tuple(s[pick] for s in self.slots), self.source,
                       self.seq)
 
-    def without(self, shard) -> "Queued":
-        return self.take([t for t, s in enumerate(self.shards) if s is not shard])
+    def without(self, table: str) -> "Queued":
+        """The same message without table `table`'s rows."""
+        return self.take([t for t, s in enumerate(self.shards) if s.spec.name != table])
 
     def runs(self) -> list:
         """[(block, first row, end row, rows in the block)]: the message's parity rows in the node's arena,
         by runs of tables in one block, their initial values computed."""
-        shards, local = self.shards, self.slots[1]
-        if any(s.fresh_parity is not None for s in shards):
-            for shard, _, _, slots in self.parts():
-                shard.block_rows(slots[1])
+        shards, local, at = self.shards, self.slots[1], self.at
+        for shard, a, b in zip(shards, at, at[1:]):
+            if shard.fresh_parity is not None:
+                shard.block_rows(local[a:b])
         rows = np.repeat([s.parity_base for s in shards], self.counts) + local
         starts = [0] + [t for t in range(1, len(shards)) if shards[t].block is not shards[t - 1].block]
-        at = np.cumsum([0, *self.counts]).tolist()
         return [(shards[a].block, at[a], at[b], rows[at[a]:at[b]])
                 for a, b in zip(starts, starts[1:] + [len(shards)])]
 

@@ -61,7 +61,7 @@ class Retained:
         """Drop every kept delta of `table` (it was dropped: rolling back never touches it again)."""
         for log in self.windows.values():
             for n, (window, arrival, parts, _) in enumerate(log):
-                parts = [part.take([t for t, s in enumerate(part.shards) if s.spec.name != table]) for part in parts]
+                parts = [part.without(table) for part in parts]
                 log[n] = (window, arrival, parts, sum(part.ids.size for part in parts))
 
     def take_after(self, source: str, window: int) -> list:
