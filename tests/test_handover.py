@@ -126,7 +126,7 @@ def test_only_a_quiet_node_hands_over(tmp_path):
         assert "acknowledgement" in handover.ready(node)
 
 
-@pytest.mark.parametrize("damage", ["version", "shape", "missing", "index"])
+@pytest.mark.parametrize("damage", ["version", "shape", "missing", "index", "retained"])
 def test_a_bad_state_is_refused(tmp_path, damage):
     cluster, client = trained_cluster(tmp_path)
     with cluster, client:
@@ -138,6 +138,9 @@ def test_a_bad_state_is_refused(tmp_path, damage):
             arrays[state["shards"][0]["records"]] = np.zeros((3, 3), dtype=np.float32)
         elif damage == "missing":
             del state["applied"]
+        elif damage == "retained":  # a kept delta naming a table the state does not hold
+            log = next(log for log in state["retained"]["windows"].values() if log)
+            log[0][3][0][0] = ["nope"]
         else:
             arrays = arrays[:2]
         with pytest.raises(InvalidRequest):

@@ -188,10 +188,6 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: 
     node.client_writes = {c: (int(a), int(b)) for c, (a, b) in state["client_writes"].items()}
     node.applied_clients = {s: dict(m) for s, m in state["applied_clients"].items()}
     retained = state["retained"]
-    unknown = {name for log in retained["windows"].values() for *_, parts in log for names, *_ in parts
-               for name in names} - node.shards.keys()
-    if unknown:
-        raise ValueError(f"retained deltas name tables the state does not hold: {sorted(unknown)}")
     node.retained.base, node.retained.level = retained["base"], dict(retained["level"])
     node.retained.windows = {
         source: deque((w, now - age, [Queued([node.shards[name] for name in names], list(counts), get(ids),
