@@ -303,7 +303,8 @@ class Client:
                     if exc.position not in (None, p):  # a survivor read for a decode was told to rebuild
                         self.cluster.mark_rebuilding(exc.position)
                         continue
-                    self.repair.rebuild_rows(p, exc.missing)  # every table's rows the request touched
+                    if exc.kind == "data":
+                        self.repair.rebuild_rows(p, exc.missing)  # every table's rows the request touched
             except NodeDown as exc:
                 self._lost(exc.position)
             except _Moved as moved:

@@ -13,7 +13,7 @@ from .. import clock
 from ..config import DEADLINE
 from ..errors import Error, NodeDown, StaleCut, Unavailable
 from ..protocol import deltas as payload, validate
-from ..protocol.messages import Delta, Get, GetParity, Holds, Missing, Restore, Status
+from ..protocol.messages import Delta, GetCommitted, GetParityMany, Holds, Missing, Restore, Status
 from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
 
@@ -97,8 +97,10 @@ class Repair:
                         if self.patience is not None and reads >= self.patience:
                             raise Unsettled(f"tables {list(stripes)}: the stripes still moved after {reads} reads")
                         clock.sleep(0.001)
-            except NotRebuilt as exc:
-                self._not_rebuilt(exc, cuts[exc.table], unread[exc.table])
+            except NotRebuilt as exc:  # every table's slots the node lacks
+                for table, ids in exc.missing.items():
+                    if table in cuts:
+                        self._not_rebuilt(exc.position, exc.kind, ids, cuts[table], unread[table])
                 continue
             break
         for cut in cuts.values():
@@ -162,51 +164,50 @@ class Repair:
         return again
 
     def _read(self, cuts: dict) -> None:
-        """Read every cut's `read` slots into its blocks, one request per node, kind and table, all in
-        flight at once; note what each data node had sent (`senders`) and each parity holder applied."""
-        requests, where = {}, {}
+        """Read every cut's `read` slots into its blocks, one request per node and kind (data or parity) for
+        every table, all in flight at once; note what each data node had sent (`senders`) and each parity
+        holder applied."""
+        asked: dict = {}  # (node, kind) -> {table: (ids or stripes to read, rows, cols)}
+        none = np.zeros(0, dtype=np.int64)
         for table, cut in cuts.items():
             stripes, nodes, read, k = cut["stripes"], cut["nodes"], cut["read"], cut["k"]
             for node in np.unique(nodes[read]).tolist():
                 mine = read & (nodes == node)
                 rows, cols = np.nonzero(mine[:, :k])
                 if rows.size:
-                    requests[(node, "data", table)] = (
-                        Get(table=table, committed=True, records=True, node=self._node(node)).header(),
-                        [stripes[rows] * k + cols])
-                    where[(node, "data", table)] = (rows, cols)
+                    asked.setdefault((node, "data"), {})[table] = (stripes[rows] * k + cols, rows, cols)
                 rows, cols = np.nonzero(mine[:, k:])
                 if rows.size:
-                    requests[(node, "parity", table)] = (GetParity(table=table, node=self._node(node)).header(),
-                                                         [stripes[rows]])
-                    where[(node, "parity", table)] = (rows, k + cols)
-            for node in cut["mark"] - {n for n, kind, t in requests if t == table and kind == "data"}:
-                requests[(node, "data", table)] = (  # no rows: what it had sent, now
-                    Get(table=table, committed=True, records=True, node=self._node(node)).header(),
-                    [np.zeros(0, dtype=np.int64)])
-                where[(node, "data", table)] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-        for (node, kind, table), (reply, arrays) in self.client._gather(requests).items():
-            cut = cuts[table]
-            rows, cols = where[(node, kind, table)]
-            _put(cut["blocks"], rows, cols, arrays[0])
-            if kind == "parity":
-                cut["versions"][rows, cols] = arrays[1]
-            if kind == "data":
+                    asked.setdefault((node, "parity"), {})[table] = (stripes[rows], rows, k + cols)
+            for node in cut["mark"]:  # no rows: what it had sent, now
+                asked.setdefault((node, "data"), {}).setdefault(table, (none, none, none))
+        kinds = {"data": GetCommitted, "parity": GetParityMany}
+        requests = {(node, kind): (kinds[kind](tables=list(tables), node=self._node(node)).header(),
+                                   [keys for keys, _, _ in tables.values()])
+                    for (node, kind), tables in asked.items()}
+        for (node, kind), (reply, arrays) in self.client._gather(requests).items():
+            for n, (table, (_, rows, cols)) in enumerate(asked[(node, kind)].items()):
+                cut = cuts[table]
+                if kind == "parity":
+                    _put(cut["blocks"], rows, cols, arrays[2 * n])
+                    cut["versions"][rows, cols] = arrays[2 * n + 1]
+                    cut["holders"][node] = (reply.get("source"), reply["applied"])
+                    continue
+                _put(cut["blocks"], rows, cols, arrays[n])
                 marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
                 peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
                 cut["senders"][node] = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
-            else:
-                cut["holders"][node] = (reply.get("source"), reply["applied"])
 
-    def _not_rebuilt(self, exc, cut, unread) -> None:
-        """A rebuilding node lacks some slots: mark them unread (data ids or parity stripes)."""
-        stripes, nodes, k, node = cut["stripes"], cut["nodes"], cut["k"], exc.position
-        if exc.kind == "parity":
-            rows = np.isin(stripes, exc.ids)
+    @staticmethod
+    def _not_rebuilt(node: int, kind: str, ids: np.ndarray, cut, unread) -> None:
+        """Rebuilding `node` lacks some slots of a cut: mark them unread (`kind` "data": ids, else stripes)."""
+        stripes, nodes, k = cut["stripes"], cut["nodes"], cut["k"]
+        if kind == "parity":
+            rows = np.isin(stripes, ids)
             unread[rows, k:] |= nodes[rows, k:] == node
         else:
-            rows = np.isin(stripes, exc.ids // k)
-            unread[rows, :k] |= (nodes[rows, :k] == node) & np.isin(stripes[rows, None] * k + np.arange(k), exc.ids)
+            rows = np.isin(stripes, ids // k)
+            unread[rows, :k] |= (nodes[rows, :k] == node) & np.isin(stripes[rows, None] * k + np.arange(k), ids)
 
     def read(self, table: str, ids: np.ndarray, skip: int | None = None) -> np.ndarray:
         """Committed records of data rows, decoded from their stripes."""

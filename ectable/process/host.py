@@ -20,7 +20,8 @@ from ..storage import handover
 from ..storage.node import Node
 
 TOKEN_OPS = {"map", "shutdown", "fault", "freeze", "hand_over", "take_over"}  # control ops taken with the token only
-FROZEN_TAKES = {"get", "get_many", "get_parity", "missing", "status", "tables", "snapshot_progress", "sync", "step"}
+FROZEN_TAKES = {"get", "get_committed", "get_many", "get_parity", "get_parity_many", "missing", "status", "tables",
+                "snapshot_progress", "sync", "step"}
 # what a node frozen for a handover still answers (it changes nothing); `applied` and `holds` too, unless they fence
 # or promise. Once its state is handed over it answers nothing but `moved`: its successor may have taken writes. A
 # retry of a write it applied is answered as ever, handed over or not (after a grow, the node that continues it

@@ -151,6 +151,14 @@ class Get(Request):
     node: str | None = None
 
 
+@request("get_committed")
+class GetCommitted(Request):
+    """Committed records of several tables (arrays: one ids array per table), as `Get` with "committed" and
+    "records" gives those of one: for a decode, with the deltas that carried them."""
+    tables: list
+    node: str | None = None
+
+
 @request("get_many")
 class GetMany(Request):
     """Rows of several tables (arrays: one ids array per table)."""
@@ -275,7 +283,15 @@ class Holds(Request):
 
 @request("get_parity")
 class GetParity(Request):
+    """Parity rows of one table (arrays: stripes) and the degraded writes each holds."""
     table: str
+    node: str | None = None
+
+
+@request("get_parity_many")
+class GetParityMany(Request):
+    """`GetParity` of several tables (arrays: one stripes array per table)."""
+    tables: list
     node: str | None = None
 
 

@@ -34,8 +34,8 @@ REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' r
 LATE_WAIT = 300.0  # longest a writer awaited in vain counts as one that may still replay late (a grow waits for it)
 HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
-READS_PARITY = {"get_parity", "restore", "invalidate", "missing", "sync", "status", "holds"}
-LEAVES_WINDOW_OPEN = {"get", "get_many", "delta", "applied", "ping", "step", "snapshot"}  # a pending close may wait
+READS_PARITY = {"get_parity", "get_parity_many", "restore", "invalidate", "missing", "sync", "status", "holds"}
+LEAVES_WINDOW_OPEN = {"get", "get_committed", "get_many", "delta", "applied", "ping", "step", "snapshot"}  # a pending close may wait
 GONE_SECONDS = 3600.0  # how long a forgotten writer's writes and replays are refused
 GONE_MAX = 1 << 16  # forgotten writers remembered at most (the oldest go first)
 
@@ -220,20 +220,32 @@ class Node:
         ids = self._ids(shard, ids)
         committed = msg.committed
         rows = shard.read(ids, committed=committed, records=msg.records)
-        if committed:  # with the deltas that carried them: a reader can check its cut against parity holders
-            return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()},
-                    "peers": {str(t): s for t, s in self.sources.items()}, "marks": self.closed_marks,
-                    "window": self.closed_windows}, [rows]
-        return {}, [rows]
+        return (self._cut() if committed else {}), [rows]
+
+    def _cut(self) -> dict:
+        """What a committed read's reply says of the deltas that carried its rows: a reader checks its cut
+        against parity holders with it."""
+        return {"source": self.source, "sent": {str(t): seq for t, seq in self._next_seq.items()},
+                "peers": {str(t): s for t, s in self.sources.items()}, "marks": self.closed_marks,
+                "window": self.closed_windows}
+
+    def op_get_committed(self, msg, arrays):
+        """Committed records of several tables (one ids array per table) with the deltas that carried them."""
+        work = self._tables_ids(msg.tables, arrays)
+        self._need_rebuilt(work)
+        return self._cut(), [shard.read(ids, committed=True, records=True) for shard, ids in work]
 
     def op_get_many(self, msg, arrays):
         """Rows of several tables: header "tables", one ids array per table; "records": whole records."""
-        tables = msg.tables
-        self._arrays(arrays, len(tables))
-        work = [(self._shard(t), ids) for t, ids in zip(tables, arrays)]
-        work = [(shard, self._ids(shard, ids)) for shard, ids in work]
+        work = self._tables_ids(msg.tables, arrays)
         self._need_rebuilt(work)
         return {}, [shard.read(ids, records=msg.records) for shard, ids in work]
+
+    def _tables_ids(self, tables: list, arrays) -> list:
+        """[(shard, ids)] of a request naming `tables`, with one ids array each."""
+        self._arrays(arrays, len(tables))
+        work = [(self._shard(t), ids) for t, ids in zip(tables, arrays)]
+        return [(shard, self._ids(shard, ids)) for shard, ids in work]
 
     @staticmethod
     def _need_rebuilt(work) -> None:
@@ -539,6 +551,18 @@ class Node:
         (stripes,) = self._arrays(arrays, 1)
         stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
         return {"source": self.source, "applied": dict(self.applied)}, list(shard.read_parity(stripes))
+
+    def op_get_parity_many(self, msg, arrays):
+        """Parity rows of several tables (one stripes array per table) and the degraded writes each holds."""
+        self._arrays(arrays, len(msg.tables))
+        work = [(shard, validate.ids(shard.spec.name, stripes, shard.layout.num_stripes))
+                for shard, stripes in zip(map(self._shard, msg.tables), arrays)]
+        missing = {shard.spec.name: m for shard, stripes in work if (m := shard.unrebuilt_parity(stripes)).size}
+        if missing:  # every table's at once
+            table = next(iter(missing))
+            raise NotRebuilt(table, missing[table], "parity", missing)
+        return {"source": self.source, "applied": dict(self.applied)}, \
+            [a for shard, stripes in work for a in shard.read_parity(stripes)]
 
     def op_restore(self, msg, arrays):
         """Install rebuilt data records (kind "data"; arrays ids, records) or parity rows ("parity";

@@ -24,7 +24,7 @@ class NotRebuilt(Error):
         super().__init__(f"table {table!r}: {ids.size} {'rows' if kind == 'data' else 'parity rows'} not rebuilt yet"
                          + (f" (and rows of {len(missing) - 1} more tables)" if missing and len(missing) > 1 else ""))
         self.table, self.ids, self.kind = table, ids, kind  # kind "parity": ids are stripes
-        self.missing = missing or ({table: ids} if kind == "data" else {})  # data rows, every table named
+        self.missing = missing or {table: ids}  # every table's ids (of this kind) the request touched
 
     @classmethod
     def of(cls, missing: dict) -> "NotRebuilt":
@@ -223,6 +223,12 @@ class Shard:
             raise NotRebuilt(self.spec.name, stripes[self.missing_parity[local]], "parity")
         self._compute_parity(local)
         return self.parity[local], self.versions[local]
+
+    def unrebuilt_parity(self, stripes: np.ndarray) -> np.ndarray:
+        """The stripes (with a parity row here) whose parity rows are not rebuilt yet."""
+        if self.missing_parity is None:
+            return stripes[:0]
+        return stripes[self.missing_parity[self.parity_slots(stripes)[1]]]
 
     def count_degraded(self, ids: np.ndarray) -> None:
         """A degraded write (a client's, through the parity alone) of rows `ids` reached this holder."""
