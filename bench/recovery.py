@@ -122,6 +122,13 @@ def train(client, work: Workload, compute, kill_at=None, cluster=None):
     return np.array(times), np.array(rebuilding)
 
 
+def phases(times: np.ndarray, rebuilding: np.ndarray, kill_at: int) -> tuple:
+    """Iteration times (before the failure, skipping 5 of warm-up; the failover iteration; while rebuilding; after),
+    each iteration in one phase only."""
+    later = slice(kill_at + 1, None)
+    return times[5:kill_at], times[kill_at], times[later][rebuilding[later]], times[later][~rebuilding[later]]
+
+
 def part_during(work: Workload, compute, shares, out):
     """Training through a failure, once per rebuild share; returns the training time each failure cost."""
     rows_out, series, lost = [], {}, {}
@@ -131,9 +138,7 @@ def part_during(work: Workload, compute, shares, out):
             touch_all(client, work)
             kill_at = len(work.batches) // 6
             times, rebuilding = train(client, work, compute, kill_at, cluster)
-        before, first = times[5:kill_at], times[kill_at]
-        during = times[rebuilding]
-        after = times[kill_at + 1:][~rebuilding[kill_at + 1:]]
+        before, first, during, after = phases(times, rebuilding, kill_at)
         lost[share] = first + during.sum() - (during.size + 1) * before.mean()  # training time the failure cost
         rate = 1 / before.mean()
         rows_out.append([share, round(rate, 1), round(before.mean() / first, 3),
