@@ -13,7 +13,7 @@ from .. import clock
 from ..config import DEADLINE
 from ..errors import Error, NodeDown, StaleCut, Unavailable
 from ..protocol import deltas as payload, validate
-from ..protocol.messages import Delta, GetCommitted, GetParityMany, Holds, Missing, Restore, Status
+from ..protocol.messages import Delta, GetCommitted, GetParityMany, Holds, Missing, Restore, RestoreRows, Status
 from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
 
@@ -312,9 +312,8 @@ class Repair:
     def rebuild_rows(self, position: int, ids: dict) -> None:
         """Rebuild data rows ({table: ids}) of the node at `position` now (touched before their turn)."""
         rows = self.read_many(ids, skip=position)
-        self.client._gather({(position, table): (Restore(table=table, kind="data", node=self._node(position)).header(),
-                                                  [ids[table], rows[table]])
-                             for table in ids})
+        header = RestoreRows(tables=list(ids), node=self._node(position)).header()
+        self.client._gather({(position,): (header, [a for table in ids for a in (ids[table], rows[table])])})
 
     def _node(self, position: int) -> str | None:
         """The identity this client expects at `position`: restores meant for it go nowhere else."""

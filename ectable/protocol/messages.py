@@ -311,6 +311,13 @@ class Restore(Request):
     node: str | None = None
 
 
+@request("restore_rows")
+class RestoreRows(Request):
+    """Rebuilt data records of several tables (arrays: ids, records per table), as `Restore` of kind "data"."""
+    tables: list
+    node: str | None = None
+
+
 @request("invalidate")
 class Invalidate(Request):
     table: str

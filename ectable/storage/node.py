@@ -34,7 +34,7 @@ REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' r
 LATE_WAIT = 300.0  # longest a writer awaited in vain counts as one that may still replay late (a grow waits for it)
 HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
-READS_PARITY = {"get_parity", "get_parity_many", "restore", "invalidate", "missing", "sync", "status", "holds"}
+READS_PARITY = {"get_parity", "get_parity_many", "restore", "restore_rows", "invalidate", "missing", "sync", "status", "holds"}
 LEAVES_WINDOW_OPEN = {"get", "get_committed", "get_many", "delta", "applied", "ping", "step", "snapshot"}  # a pending close may wait
 GONE_SECONDS = 3600.0  # how long a forgotten writer's writes and replays are refused
 GONE_MAX = 1 << 16  # forgotten writers remembered at most (the oldest go first)
@@ -607,17 +607,40 @@ class Node:
                         have = self.applied_clients.setdefault(source, {})
                         have.update((c, v) for c, v in self._marks(m).items() if v > have.get(c, 0))
         else:
-            keys = self._ids(shard, keys)
-            if values.dtype != np.float32 or values.shape != (keys.size, shard.width):
-                raise InvalidRequest(f"table {shard.spec.name!r}: records have the wrong shape")
-            if np.any(shard.layout.data_node(keys) != self.position):
-                raise InvalidRequest(f"table {shard.spec.name!r}: rows do not live on node {self.position}")
-            shard.restore(keys, values)
-        self.rebuilt_rows += before - shard.missing_count()
+            shard.restore(*self._records(shard, keys, values))
+        self._count_rebuilt(before - shard.missing_count())
+        return {}, []
+
+    def op_restore_rows(self, msg, arrays):
+        """Install rebuilt data records of several tables (arrays: ids, records per table), every table checked
+        before any is installed."""
+        self._arrays(arrays, 2 * len(msg.tables))
+        work = [(shard, *self._records(shard, ids, records))
+                for shard, ids, records in zip(map(self._shard, msg.tables), arrays[0::2], arrays[1::2])]
+        rebuilt = 0
+        for shard, ids, records in work:
+            if shard.missing_data is not None:
+                before = shard.missing_count()
+                shard.restore(ids, records)
+                rebuilt += before - shard.missing_count()
+        self._count_rebuilt(rebuilt)
+        return {}, []
+
+    def _records(self, shard, ids, records) -> tuple:
+        """(ids, records) of rebuilt data rows of `shard`, checked: the rows live here, whole float32 records."""
+        ids = self._ids(shard, ids)
+        if records.dtype != np.float32 or records.shape != (ids.size, shard.width):
+            raise InvalidRequest(f"table {shard.spec.name!r}: records have the wrong shape")
+        if np.any(shard.layout.data_node(ids) != self.position):
+            raise InvalidRequest(f"table {shard.spec.name!r}: rows do not live on node {self.position}")
+        return ids, records
+
+    def _count_rebuilt(self, rows: int) -> None:
+        """`rows` more were rebuilt here; rebuilding ends once none is missing."""
+        self.rebuilt_rows += rows
         if self.pulled_since is None and self.rebuilt_rows:
             self.pulled_since = self.clock()
         self._settle()
-        return {}, []
 
     def op_invalidate(self, msg, arrays):
         """Mark parity rows of `stripes` stale: they are skipped by deltas and rebuilt from data."""
