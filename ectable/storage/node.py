@@ -34,8 +34,10 @@ REPLAY_WAIT = 10.0  # longest a replacement holds client requests for writers' r
 LATE_WAIT = 300.0  # longest a writer awaited in vain counts as one that may still replay late (a grow waits for it)
 HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
-READS_PARITY = {"get_parity", "get_parity_many", "restore", "restore_rows", "invalidate", "missing", "sync", "status", "holds"}
-LEAVES_WINDOW_OPEN = {"get", "get_committed", "get_many", "delta", "applied", "ping", "step", "snapshot"}  # a pending close may wait
+READS_PARITY = {"get_parity", "get_parity_many", "restore", "restore_rows", "invalidate", "missing", "sync", "status",
+                "holds"}
+LEAVES_WINDOW_OPEN = {"get", "get_committed", "get_many", "delta", "applied", "ping", "step",
+                      "snapshot"}  # a pending close may wait
 GONE_SECONDS = 3600.0  # how long a forgotten writer's writes and replays are refused
 GONE_MAX = 1 << 16  # forgotten writers remembered at most (the oldest go first)
 
