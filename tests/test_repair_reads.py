@@ -1,0 +1,94 @@
+"""Decode reads and on-demand restores carry every table at once: one request per survivor and kind (the node
+logic, and a client's decode over several tables)."""
+import numpy as np
+
+import ectable
+from ectable.config import ClusterConfig
+from ectable.protocol.messages import ErrorCode, GetCommitted, GetParityMany, Invalidate, RestoreRows
+from ectable.storage.node import Node
+from ectable.storage.table import TableSpec
+
+CONFIG = ClusterConfig(5, "xor", 4, 1)
+SPECS = [TableSpec.from_config({"name": name, "num_rows": 60, "dim": 2, "seed": seed, "optimizer": {"name": "sgd", "lr": 0.5},
+                                "init": {"kind": "normal"}}) for name, seed in (("a", 1), ("b", 2))]
+
+
+def node_with_tables(position: int, rebuilding: bool) -> Node:
+    node = Node(position, CONFIG, rebuilding=rebuilding)
+    for spec in SPECS:
+        node.handle({"op": "create_table", "spec": spec.get_config()}, [])
+    return node
+
+
+def owned(spec, position: int) -> np.ndarray:
+    """Ids of `spec`'s rows that live on `position`."""
+    ids = np.arange(spec.num_rows)
+    return ids[CONFIG.layout(spec).data_node(ids) == position]
+
+
+def parity_stripes(spec, position: int) -> np.ndarray:
+    return CONFIG.layout(spec).stripes_of(position, CONFIG.k)
+
+
+def test_a_replacement_names_every_tables_missing_rows_and_parity_rows_in_one_refusal():
+    node = node_with_tables(1, rebuilding=True)
+    ids = [owned(spec, 1)[:3] for spec in SPECS]
+    reply, arrays = node.handle(GetCommitted(tables=["a", "b"]).header(), ids)
+    assert ErrorCode(reply["error"]) is ErrorCode.NOT_REBUILT and reply["tables"] == ["a", "b"]
+    assert [a.tolist() for a in arrays[1:]] == [i.tolist() for i in ids]
+    stripes = [parity_stripes(spec, 1)[:2] for spec in SPECS]
+    reply, arrays = node.handle(GetParityMany(tables=["a", "b"]).header(), stripes)
+    assert ErrorCode(reply["error"]) is ErrorCode.NOT_REBUILT and reply["kind"] == "parity"
+    assert reply["tables"] == ["a", "b"] and [a.tolist() for a in arrays[1:]] == [s.tolist() for s in stripes]
+
+
+def test_restore_rows_installs_every_table_or_none():
+    source, spare = node_with_tables(1, rebuilding=False), node_with_tables(1, rebuilding=True)
+    ids = [owned(spec, 1)[:3] for spec in SPECS]
+    reply, records = source.handle(GetCommitted(tables=["a", "b"]).header(), ids)
+    assert "error" not in reply and set(reply) >= {"source", "sent", "peers", "marks", "window"}
+    bad = [ids[0], records[0], ids[1], records[1][:, :1]]  # table b's records are the wrong shape
+    reply, _ = spare.handle(RestoreRows(tables=["a", "b"]).header(), bad)
+    assert ErrorCode(reply["error"]) is ErrorCode.INVALID and "'b'" in reply["message"]
+    assert spare.rebuilt_rows == 0 and spare.shards["a"].unrebuilt(ids[0]).size == 3  # nothing installed
+    reply, _ = spare.handle(RestoreRows(tables=["a", "b"]).header(), [ids[0], records[0], ids[1], records[1]])
+    assert "error" not in reply and spare.rebuilt_rows == 6
+    again = spare.handle(GetCommitted(tables=["a", "b"]).header(), ids)[1]
+    for got, want in zip(again, records):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_stale_parity_row_of_one_table_is_named_with_the_others():
+    node = node_with_tables(0, rebuilding=False)
+    stripes = [parity_stripes(spec, 0)[:2] for spec in SPECS]
+    node.handle(Invalidate(table="b").header(), [stripes[1][:1]])
+    reply, arrays = node.handle(GetParityMany(tables=["a", "b"]).header(), stripes)
+    assert reply["tables"] == ["b"] and arrays[1].tolist() == stripes[1][:1].tolist()
+
+
+def test_a_decode_over_several_tables_asks_each_survivor_once_per_kind():
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, processes=False) as cluster:
+        client = cluster.connect()
+        tables = [f"t{n}" for n in range(4)]
+        for n, table in enumerate(tables):
+            client.create_table(table, num_rows=400, dim=2, init="normal", seed=n)
+        every = np.arange(400)
+        ids = {t: every[client._table(t)[1].data_node(every) == 2][:50] for t in tables}  # rows of the node killed
+        before = client.get_many(ids)
+        client.flush()
+        cluster.kill(2)
+        asked = []
+        gather = client._gather
+
+        def counting(requests, *args, **kwargs):
+            asked.extend((key[0], header["op"]) for key, (header, _) in requests.items())
+            return gather(requests, *args, **kwargs)
+
+        client._gather = counting
+        after = client.get_many(ids)  # decoded: the node is dead and there is no spare
+        for t in tables:
+            np.testing.assert_array_equal(after[t], before[t])
+        kinds = {"get": "data", "get_committed": "data", "get_parity": "parity", "get_parity_many": "parity"}
+        reads = [(node, kinds[op]) for node, op in asked if op in kinds]
+        assert {node for node, _ in reads} == {0, 1, 3, 4}
+        assert len(reads) == len(set(reads)), f"a survivor was asked more than once per kind: {sorted(reads)}"
