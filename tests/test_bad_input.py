@@ -155,6 +155,7 @@ WIRE = [
     ({"op": "get", "table": "items"}, [], "arrays"),
     ({"op": "get", "table": "items", "records": "yes"}, [I64], "'records'"),
     ({"op": "get_many", "tables": "items"}, [I64], "'tables'"),
+    ({"op": "get_many", "tables": ["items"], "partial": "yes"}, [I64], "'partial'"),
     ({"op": "get_committed", "tables": ["items", "nope"]}, [I64, I64], "'nope'"),
     ({"op": "get_committed", "tables": ["items", "users"]}, [I64], "expected 2 arrays"),
     ({"op": "get_committed", "tables": ["items"]}, [np.array([4000])], "4000"),

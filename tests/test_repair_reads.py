@@ -4,7 +4,7 @@ import numpy as np
 
 import ectable
 from ectable.config import ClusterConfig
-from ectable.protocol.messages import ErrorCode, GetCommitted, GetParityMany, Invalidate, RestoreRows
+from ectable.protocol.messages import ErrorCode, GetCommitted, GetMany, GetParityMany, Invalidate, RestoreRows
 from ectable.storage.node import Node
 from ectable.storage.table import TableSpec
 
@@ -92,3 +92,52 @@ def test_a_decode_over_several_tables_asks_each_survivor_once_per_kind():
         reads = [(node, kinds[op]) for node, op in asked if op in kinds]
         assert {node for node, _ in reads} == {0, 1, 3, 4}
         assert len(reads) == len(set(reads)), f"a survivor was asked more than once per kind: {sorted(reads)}"
+
+
+def test_a_partial_read_of_a_replacement_gives_the_rows_it_has_and_names_the_others():
+    source, spare = node_with_tables(1, rebuilding=False), node_with_tables(1, rebuilding=True)
+    ids = [owned(spec, 1)[:4] for spec in SPECS]
+    records = source.handle(GetCommitted(tables=["a", "b"]).header(), ids)[1]
+    spare.handle(RestoreRows(tables=["a"]).header(), [ids[0][:2], records[0][:2]])  # two rows of a rebuilt
+    reply, arrays = spare.handle(GetMany(tables=["a", "b"], partial=True).header(), ids)
+    assert reply.get("missing") and len(arrays) == 4
+    np.testing.assert_array_equal(arrays[0][:2], records[0][:2, :2])
+    assert not arrays[0][2:].any() and not arrays[1].any()
+    assert arrays[2].tolist() == ids[0][2:].tolist() and arrays[3].tolist() == ids[1].tolist()
+    reply, _ = spare.handle(GetMany(tables=["a", "b"]).header(), ids)  # not partial: refused, as ever
+    assert ErrorCode(reply["error"]) is ErrorCode.NOT_REBUILT
+
+
+def test_a_read_of_rows_a_spare_has_not_rebuilt_asks_it_once_and_rebuilds_them_there():
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as cluster:
+        client = cluster.connect()
+        tables = [f"t{n}" for n in range(3)]
+        for n, table in enumerate(tables):
+            client.create_table(table, num_rows=400, dim=2, init="normal", seed=n)
+        every = np.arange(400)
+        ids = {t: every[client._table(t)[1].data_node(every) == 2][:30] for t in tables}
+        wanted = {t: np.concatenate([i, every[client._table(t)[1].data_node(every) == 3][:5]]) for t, i in ids.items()}
+        before = client.get_many(wanted)
+        client.flush()
+        cluster.kill(2)
+        client.status()  # fails it over: the spare takes position 2, nothing rebuilt yet
+        assert client.cluster.state(2) == "rebuilding"
+        asked = []
+        gather, fan_out, call = client._gather, client._fan_out, client._call
+
+        def counting(requests, *args, **kwargs):
+            asked.extend((key if isinstance(key, int) else key[0], header["op"]) for key, (header, _) in requests.items())
+            return (fan_out if requests and isinstance(next(iter(requests)), int) else gather)(requests, *args, **kwargs)
+
+        def calling(p, header, arrays, *args, **kwargs):
+            asked.append((p, header["op"]))
+            return call(p, header, arrays, *args, **kwargs)
+
+        client._gather = client._fan_out = counting
+        client._call = calling
+        after = client.get_many(wanted)
+        for t in tables:
+            np.testing.assert_array_equal(after[t], before[t])
+        assert sorted(op for p, op in asked if p == 2) == ["get_many", "restore_rows"], asked
+        assert cluster.channel(2).call({"op": "get_many", "tables": tables}, [ids[t] for t in tables], 5.0)[0] \
+            .get("error") is None  # rebuilt there

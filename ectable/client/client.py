@@ -271,13 +271,34 @@ class Client:
             plan[table] = (uniq, inverse.reshape(shape), np.empty((uniq.size, width), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
         done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], records=records,
+                                            partial=self.cluster.state(p) == "rebuilding" or None,
                                             node=self._sources.get(p)).header(), [ids for _, ids, _ in ps])
                               for p, ps in parts.items()})
         for p, ps in parts.items():
-            rows = done[p] if p in done else self._read_node(p, {table: ids for table, ids, _ in ps}, records)
+            rows = done.get(p)
+            if rows is not None and len(rows) > len(ps):  # a rebuilding node lacked some: decode those
+                rows = self._fill_in(p, ps, rows, records)
+            if rows is None:
+                rows = self._read_node(p, {table: ids for table, ids, _ in ps}, records)
             for n, (table, _, where) in enumerate(ps):
                 plan[table][2][where] = rows[n]
         return {table: rows[inverse] for table, (_, inverse, rows) in plan.items()}
+
+    def _fill_in(self, p, ps: list, out: list, records: bool) -> list | None:
+        """Rows of rebuilding node p's partial answer `out` (rows, then per table the ids it lacked), those it
+        lacked decoded and rebuilt there; None if that failed (`_read_node` then reads them all again). A decoded
+        row is its value when p said it lacked it, or a later one: no write reaches a row before its rebuild."""
+        rows, lacks = list(out[:len(ps)]), out[len(ps):]
+        missing = {table: ids for (table, _, _), ids in zip(ps, lacks) if ids.size}
+        try:
+            decoded = self.repair.rebuild_rows(p, missing)
+        except (Error, _Moved):  # a node died or moved meanwhile: the slow path fails it over
+            return None
+        for n, (table, ids, _) in enumerate(ps):
+            if table in missing:  # (a reply's arrays may be read-only views of its frames)
+                rows[n] = np.array(rows[n])
+                rows[n][np.isin(ids, missing[table])] = decoded[table][:, : rows[n].shape[1]]
+        return rows
 
     def _read_node(self, p, ids: dict, records: bool = False) -> list:
         """Rows (or whole `records`) of {table: ids}, in that order, from node p, decoding them if it is

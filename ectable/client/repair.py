@@ -309,11 +309,13 @@ class Repair:
             raise refused
 
     # -- rebuilding a replacement ----------------------------------------
-    def rebuild_rows(self, position: int, ids: dict) -> None:
-        """Rebuild data rows ({table: ids}) of the node at `position` now (touched before their turn)."""
+    def rebuild_rows(self, position: int, ids: dict) -> dict:
+        """Rebuild data rows ({table: ids}) of the node at `position` now (touched before their turn); returns
+        their records as decoded ({table: records})."""
         rows = self.read_many(ids, skip=position)
         header = RestoreRows(tables=list(ids), node=self._node(position)).header()
         self.client._gather({(position,): (header, [a for table in ids for a in (ids[table], rows[table])])})
+        return rows
 
     def _node(self, position: int) -> str | None:
         """The identity this client expects at `position`: restores meant for it go nowhere else."""

@@ -161,9 +161,11 @@ class GetCommitted(Request):
 
 @request("get_many")
 class GetMany(Request):
-    """Rows of several tables (arrays: one ids array per table)."""
+    """Rows of several tables (arrays: one ids array per table). With "partial", a rebuilding node answers rows
+    it has not rebuilt yet with zeros, and after the rows the ids of those, one array per table ("missing")."""
     tables: list
     records: bool = False
+    partial: bool = False
     node: str | None = None
 
 

@@ -238,10 +238,20 @@ class Node:
         return self._cut(), [shard.read(ids, committed=True, records=True) for shard, ids in work]
 
     def op_get_many(self, msg, arrays):
-        """Rows of several tables: header "tables", one ids array per table; "records": whole records."""
+        """Rows of several tables: header "tables", one ids array per table; "records": whole records; "partial":
+        zeros for rows not rebuilt yet, and their ids."""
         work = self._tables_ids(msg.tables, arrays)
-        self._need_rebuilt(work)
-        return {}, [shard.read(ids, records=msg.records) for shard, ids in work]
+        missing = [shard.unrebuilt(ids) for shard, ids in work] if msg.partial else []
+        if not any(m.size for m in missing):
+            self._need_rebuilt(work)
+            return {}, [shard.read(ids, records=msg.records) for shard, ids in work]
+        rows = []
+        for (shard, ids), lacks in zip(work, missing):
+            have = ~np.isin(ids, lacks)
+            out = np.zeros((ids.size, shard.width if msg.records else shard.dim), dtype=np.float32)
+            out[have] = shard.read(ids[have], records=msg.records)
+            rows.append(out)
+        return {"missing": True}, rows + missing
 
     def _tables_ids(self, tables: list, arrays) -> list:
         """[(shard, ids)] of a request naming `tables`, with one ids array each."""
