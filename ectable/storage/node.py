@@ -571,8 +571,7 @@ class Node:
                 for shard, stripes in zip(map(self._shard, msg.tables), arrays)]
         missing = {shard.spec.name: m for shard, stripes in work if (m := shard.unrebuilt_parity(stripes)).size}
         if missing:  # every table's at once
-            table = next(iter(missing))
-            raise NotRebuilt(table, missing[table], "parity", missing)
+            raise NotRebuilt.of(missing, "parity")
         return {"source": self.source, "applied": dict(self.applied)}, \
             [a for shard, stripes in work for a in shard.read_parity(stripes)]
 

@@ -27,10 +27,11 @@ class NotRebuilt(Error):
         self.missing = missing or {table: ids}  # every table's ids (of this kind) the request touched
 
     @classmethod
-    def of(cls, missing: dict) -> "NotRebuilt":
-        """Data rows not rebuilt yet in several tables: {table: ids}."""
+    def of(cls, missing: dict, kind: str = "data") -> "NotRebuilt":
+        """Rows (`kind` "data": {table: ids}) or parity rows ("parity": {table: stripes}) of several tables not
+        rebuilt yet."""
         table = next(iter(missing))
-        return cls(table, missing[table], "data", missing)
+        return cls(table, missing[table], kind, missing)
 
 
 class Shard:
