@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .codes import get_code
 from .layout import Layout, table_offset
 
+MAX_STREAMS = 8  # most rebuild rounds a node runs at once (`ClusterConfig.rebuild_streams`)
 DEADLINE = 30.0  # seconds a request may take before its node counts as down
 ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")  # what a node's address looks like
 
@@ -34,6 +35,7 @@ class ClusterConfig:
     window_steps: int = 1  # step() closes a node's window every this many steps it took
     rebuild_batch: int = 1 << 15  # rows (and parity rows) a rebuilding node pulls per round
     rebuild_share: float = 0.5  # of its time a rebuilding node spends pulling: it rests the rest
+    rebuild_streams: int = 2  # rounds a rebuilding node process runs at once, each on its own part of what it lacks
     writer_grace: float = 30.0  # nodes forget a writer's clients once it was this long out of the live writers
 
     def make_code(self):

@@ -139,3 +139,34 @@ def test_a_rebuild_round_reads_fewer_rows_while_writes_keep_moving_its_stripes()
         assert reads == [PATIENCE, 3, 1, 1]
         assert client.status()["nodes"][2]["rebuild_missing"] == 0
         np.testing.assert_array_equal(client.get("t", np.arange(40_000)), before)
+
+
+def test_rebuild_streams_take_parts_of_their_own_then_help_from_the_far_end_and_rebuild_every_row():
+    """A spare's streams of rounds (`rebuild_streams`) ask their node for disjoint parts of what it lacks: chunks of
+    `rebuild_batch` local rows dealt in turn. A stream whose part is done takes rows from the far end of the rest,
+    away from where the other one works. Together they rebuild every row and parity row exactly."""
+    from ectable.process.rebuilder import RebuildRounds
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False, rebuild_batch=1024) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=40_000, dim=2, init="normal", seed=5)
+        before = client.get("t", np.arange(40_000))
+        cluster.kill(2)
+        client.status()  # fails it over to the spare
+        shard = cluster.node(2).shards["t"]
+        local = [shard.layout.data_offset(shard.missing(1024, part, 2)[0]) for part in (0, 1)]
+        np.testing.assert_array_equal(local[0], np.arange(1024))
+        np.testing.assert_array_equal(local[1], np.arange(1024, 2048))
+        rounds = [RebuildRounds(client.cluster, 2, client.cluster.source(2), part, 2) for part in (0, 1)]
+        while (shard.layout.data_offset(shard.missing(1024, 1, 2)[0]) // 1024 % 2 == 1).any():
+            assert rounds[1].round() is not None  # part 1 alone, until its rows are rebuilt
+        left = np.flatnonzero(shard.missing_data)
+        assert left.size and (left // 1024 % 2 == 0).all()  # part 0's rows are all that is left
+        np.testing.assert_array_equal(shard.layout.data_offset(shard.missing(1024, 1, 2)[0]), left[-1024:])
+        done = [False, False]
+        while not all(done):
+            for part in (0, 1):
+                done[part] = done[part] or rounds[part].round() is None
+        assert client.status()["nodes"][2]["rebuild_missing"] == 0
+        np.testing.assert_array_equal(client.get("t", np.arange(40_000)), before)
+        client.flush()
+        check_parity(cluster, client)

@@ -557,10 +557,10 @@ class Client:
             for p in self._positions():
                 self._rebuild_some(p, self.rebuild_budget)
 
-    def _rebuild_some(self, p, budget) -> int:
-        """If node p is rebuilding, rebuild up to `budget` of its rows (failing over if nodes die meanwhile);
-        returns how many it still lacks (0 once it is not rebuilding)."""
-        left = self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, budget))
+    def _rebuild_some(self, p, budget, part: tuple = (0, 1)) -> int:
+        """If node p is rebuilding, rebuild up to `budget` of its rows, from `part` (part, parts) of them (failing
+        over if nodes die meanwhile); returns how many it still lacks (0 once it is not rebuilding)."""
+        left = self._with_failover(p, lambda: self._state(p) == "rebuilding" and self.repair.rebuild_step(p, budget, part))
         return left or 0
 
     def _send_step(self) -> None:

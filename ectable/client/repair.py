@@ -369,9 +369,11 @@ class Repair:
                 counts[pick] = np.where(arrays[0].astype(bool), arrays[1], -1)
         return np.maximum(counts, 0)
 
-    def rebuild_step(self, position: int, budget: int) -> int:
-        """Rebuild up to `budget` rows and parity rows of the node at `position`; returns how many remain."""
-        reply, arrays = self.client._call(position, Missing(limit=budget, node=self._node(position)).header(), [])
+    def rebuild_step(self, position: int, budget: int, part: tuple = (0, 1)) -> int:
+        """Rebuild up to `budget` rows and parity rows of the node at `position`, from `part` (part, parts) of
+        what it lacks (see `Missing`); returns how many remain."""
+        ask = Missing(limit=budget, part=part[0], parts=part[1], node=self._node(position))
+        reply, arrays = self.client._call(position, ask.header(), [])
         generation = reply.get("generation", 0)
         data = {table: arrays[2 * t] for t, table in enumerate(reply["tables"]) if arrays[2 * t].size}
         if data:

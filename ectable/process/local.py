@@ -21,7 +21,7 @@ from ..cluster.decider import Decider
 from ..cluster.map import Map
 from ..cluster.maps import WRITER_TTL, ClusterMap, SeesExits, StoredMap, ZmqStoredMap
 from ..cluster.store import ClusterStore, open_store
-from ..config import ClusterConfig
+from ..config import MAX_STREAMS, ClusterConfig
 from ..errors import Error, NodeDown
 from ..membership.memory import MemoryMembership
 from ..membership.server import EtcdServer
@@ -49,6 +49,9 @@ def _checked_config(nodes, code, k, r, spares, **tuning) -> ClusterConfig:
     steps = tuning.get("window_steps", ClusterConfig.window_steps)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"window_steps must be a positive integer, got {steps!r}")
+    streams = tuning.get("rebuild_streams", ClusterConfig.rebuild_streams)
+    if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
+        raise ValueError(f"rebuild_streams must be an integer from 1 to {MAX_STREAMS}, got {streams!r}")
     grace = tuning.get("writer_grace", ClusterConfig.writer_grace)
     if not (isinstance(grace, (int, float)) and 2 * WRITER_TTL <= grace < float("inf")):
         raise ValueError(f"writer_grace must be at least {2 * WRITER_TTL} seconds (twice a writer's lease), "
@@ -73,7 +76,7 @@ class LocalCluster(ClusterMap):
 
     def __init__(self, nodes: int = 5, code: str = "xor", k: int = 4, r: int | None = None, spares: int = 0,
                  processes: bool = True, **tuning):
-        """`tuning`: window_rows, window_seconds, window_steps, rebuild_batch, rebuild_share, writer_grace (see
+        """`tuning`: window_rows, window_seconds, window_steps, rebuild_batch, rebuild_share, rebuild_streams, writer_grace (see
         ClusterConfig)."""
         super().__init__(_checked_config(nodes, code, k, r, spares, **tuning))
         self.processes = processes

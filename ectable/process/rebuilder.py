@@ -1,12 +1,13 @@
 """A rebuilding node pulls what it lacks from the survivors, range by range, while clients go on.
 
-The rebuilder runs in a thread of the rebuilding node's own process, as a client of the
+The rebuilder runs in threads of the rebuilding node's own process, as a client of the
 cluster (through the map in the cluster's store): each round it asks its node which rows and parity
 rows are missing (up to `rebuild_batch`), decodes them from a consistent cut of their
 stripes, and installs them; then it rests so the node spends at most `rebuild_share` of
-its time rebuilding. Rows clients touch first are rebuilt on demand by those clients.
-`RebuildRounds` is the rebuilding itself, one round at a time, over any cluster map (the
-simulation runs it too); `Rebuilder` is the thread that runs its rounds in a node process.
+its time rebuilding. `rebuild_streams` rounds run at once, each on its own part of the rows, so that one
+decodes while another waits for the survivors. Rows clients touch first are rebuilt on demand by
+those clients. `RebuildRounds` is the rebuilding itself, one round at a time, over any cluster map
+(the simulation runs it too); `Rebuilder` runs a node process's streams of rounds.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ PATIENCE = 3  # reads of one round's stripes before it gives up and the next rou
 class RebuildRounds:
     """Rounds of rebuilding the node at `position` (identity `source`) through `cluster`'s clients."""
 
-    def __init__(self, cluster, position: int, source: str):
+    def __init__(self, cluster, position: int, source: str, part: int = 0, parts: int = 1):
         self.cluster, self.position, self.source = cluster, position, source
+        self.part = (part, parts)  # the part of the missing rows this one rebuilds first (`Missing`)
         self.client = Client(cluster)
         self.started = False  # the map names this identity at the position: rebuilding has begun
         # Rows a round asks for: halved after a round whose stripes writes moved on through PATIENCE reads (a
@@ -49,7 +51,7 @@ class RebuildRounds:
         began, rereads = clock.monotonic(), self.client.repair.rereads
         self.client.repair.patience = PATIENCE if self.batch > MIN_BATCH else None
         try:
-            if not self.client._rebuild_some(self.position, self.batch):
+            if not self.client._rebuild_some(self.position, self.batch, self.part):
                 return None
         except _Relaid:  # laid out again (a grow, once this node was up): no position holds this identity now
             return None
@@ -58,12 +60,16 @@ class RebuildRounds:
         else:
             if self.client.repair.rereads == rereads:
                 self.batch = min(cluster.config.rebuild_batch, 2 * self.batch)
+        # Each of `parts` rounds running at once rests so that, as if independent, some round runs `rebuild_share`
+        # of the time: 1 - (1 - duty) ** parts = share.
         share = min(max(cluster.config.rebuild_share, 0.01), 1.0)
-        return (clock.monotonic() - began) * (1 - share) / share
+        duty = 1 - (1 - share) ** (1 / self.part[1])
+        return (clock.monotonic() - began) * (1 - duty) / duty
 
 
 class Rebuilder(threading.Thread):
-    """Rebuild the node at `position` (identity `source`) until nothing is missing or `stop()`."""
+    """Rebuild the node at `position` (identity `source`) until nothing is missing or `stop()`: `rebuild_streams`
+    streams of rounds, each in a thread with its own connections; this thread ends when all have."""
 
     def __init__(self, membership: dict, curve: dict | None, position: int, source: str):
         super().__init__(name=f"rebuilder-{position}", daemon=True)
@@ -75,13 +81,33 @@ class Rebuilder(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
+        cluster = self._connect()
+        if cluster is None:
+            return  # no store to reach: the node starts another rebuilder a second later
+        parts = cluster.config.rebuild_streams
+        others = [threading.Thread(target=self._stream, args=(None, part, parts), name=f"{self.name}.{part}",
+                                   daemon=True) for part in range(1, parts)]
+        for thread in others:
+            thread.start()
+        self._stream(cluster, 0, parts)
+        for thread in others:
+            while thread.is_alive() and not self._halt.is_set():
+                thread.join(1.0)
+
+    def _connect(self):
         from ..cluster.maps import RemoteCluster
         try:
-            cluster = RemoteCluster(self.membership, self.curve)
+            return RemoteCluster(self.membership, self.curve)
         except Error:
-            return  # no store to reach: the node starts another rebuilder a second later
+            return None
+
+    def _stream(self, cluster, part: int, parts: int) -> None:
+        """Rounds over `part` of `parts` through `cluster` (None: connect one), until done, stopped or failed."""
+        cluster = cluster or self._connect()
+        if cluster is None:
+            return
         try:
-            rounds = RebuildRounds(cluster, self.position, self.source)
+            rounds = RebuildRounds(cluster, self.position, self.source, part, parts)
             while not self._halt.is_set():
                 rest = rounds.round()
                 if rest is None:
@@ -90,7 +116,7 @@ class Rebuilder(threading.Thread):
         except Unavailable as exc:  # more than r slots lost: those rows cannot come back; say so in status
             self.lost = str(exc)
             print(f"ectable rebuilder of node {self.position}: {exc}", file=sys.stderr, flush=True)
-        except Error as exc:  # the node or the cluster went away: a later round starts again
+        except Error as exc:  # the node or the cluster went away: a later rebuilder starts again
             print(f"ectable rebuilder of node {self.position}: {exc}", file=sys.stderr, flush=True)
         finally:
             cluster.close()

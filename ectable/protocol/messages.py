@@ -328,7 +328,11 @@ class Invalidate(Request):
 
 @request("missing")
 class Missing(Request):
+    """Rows and parity rows still to rebuild, at most `limit` of each per table; of part `part` of `parts`
+    (chunks of `limit` in turn), or of any part once that part has none left."""
     limit: int = 1 << 16
+    part: int = 0
+    parts: int = 1
     node: str | None = None
 
 

@@ -14,7 +14,7 @@ from collections import deque
 import numpy as np
 
 from .. import clock as clocks
-from ..config import ClusterConfig
+from ..config import MAX_STREAMS, ClusterConfig
 from ..errors import InvalidRequest
 from ..protocol import deltas as payload, messages, validate
 from ..protocol.messages import ErrorCode, writer_of
@@ -672,10 +672,13 @@ class Node:
         if self.rebuilding and self.pulled_since is None:
             self.pulled_since = self.clock()
         limit = msg.limit
+        if limit < 0 or not 0 <= msg.part < msg.parts <= MAX_STREAMS:
+            raise InvalidRequest(f"missing: limit {limit} (at least 0), part {msg.part} of {msg.parts} (parts: 1 to "
+                                 f"{MAX_STREAMS})")
         out, names = [], []
         for name, shard in self.shards.items():
             if shard.missing_data is not None:
-                ids, stripes = shard.missing(limit)
+                ids, stripes = shard.missing(limit, msg.part, msg.parts)
                 names.append(name)
                 out += [ids, stripes]
         return {"tables": names, "generation": self.generation}, out

@@ -273,10 +273,16 @@ class Shard:
             self.missing_parity = np.zeros(self.parity.shape[0], dtype=bool)
         self.missing_parity[local] = True
 
-    def missing(self, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """Up to `limit` data row ids and parity stripes still to rebuild."""
-        data = np.flatnonzero(self.missing_data)[:limit]
-        parity = np.flatnonzero(self.missing_parity)[:limit]
+    def missing(self, limit: int, part: int = 0, parts: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Up to `limit` data row ids and parity stripes still to rebuild, from part `part` of `parts` (the
+        local rows in chunks of `limit`, dealt in turn); once that part has none, from the far end of the rest."""
+        def pick(missing: np.ndarray) -> np.ndarray:
+            local = np.flatnonzero(missing)
+            if parts == 1:
+                return local[:limit]
+            mine = local[(local // max(limit, 1)) % parts == part]
+            return mine[:limit] if mine.size else local[max(local.size - limit, 0):]
+        data, parity = pick(self.missing_data), pick(self.missing_parity)
         return self.layout.data_ids(self.node, data), self.layout.parity_stripes(self.node, parity)[0]
 
     def missing_count(self) -> int:

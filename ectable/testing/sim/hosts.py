@@ -4,7 +4,7 @@
 `Node`), with the simulated network instead of ZeroMQ and the world's events instead of a poll
 loop: it answers requests, sends its deltas to peers and resends them until acknowledged,
 closes windows when idle, keeps its presence alive under a lease, follows the map and runs
-`RebuildRounds` while it rebuilds. `SimDecider` runs the production `Decider`.
+`rebuild_streams` fibers of `RebuildRounds` while it rebuilds. `SimDecider` runs the production `Decider`.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import re
 
 from ...cluster.decider import Decider
 from ...cluster.store import ClusterStore
+from ...config import MAX_STREAMS
 from ...errors import Error, Unavailable
 from ...membership import LeaseNotFound
 from ...process.host import NodeHost
@@ -40,7 +41,9 @@ class SimNodeHost(NodeHost):
         self.announced: dict | None = None
         self.last_request = 0.0
         self.ticking = False
-        self.rebuilding_with = None  # the identity being rebuilt, then its RebuildRounds
+        self.rebuilding_with = None  # the identity being rebuilt, while its streams of rounds run
+        self.rebuild_streams: set[int] = set()  # the parts whose streams still run
+        self.rebuild_number = 0  # which rebuild a stream's fiber belongs to (one left after `leave` ends quietly)
         self.rebuild_lost: str | None = None
         network.hosts[endpoint] = self
         self.announce()
@@ -142,7 +145,7 @@ class SimNodeHost(NodeHost):
         self._schedule()
 
     def leave(self) -> None:
-        self.inflight, self.rebuilding_with = {}, None
+        self.inflight, self.rebuilding_with, self.rebuild_streams = {}, None, set()
         self.links = {t: n + 1 for t, n in self.links.items()}
         super().leave()
 
@@ -170,39 +173,47 @@ class SimNodeHost(NodeHost):
 
     # -- rebuilding --------------------------------------------------------
     def rebuild(self) -> None:
-        """While this node is rebuilding, a rebuilder (a fiber of this process) pulls what it lacks."""
+        """While this node is rebuilding, `rebuild_streams` rebuilders (fibers of this process) pull what it lacks,
+        each from its own part."""
         node = self.node
         if node is None or not node.rebuilding or self.rebuilding_with is not None:
             return
-        self.rebuilding_with = node.source
-        self.world.at(0.0, self._rebuild_round, f"{self.endpoint}/rebuilder", fiber=True)
+        self.rebuilding_with, self.rebuild_number = node.source, self.rebuild_number + 1
+        parts = node.config.rebuild_streams
+        self.rebuild_streams = set(range(parts))
+        for part in range(parts):
+            self._next_round(0.0, self.rebuild_number, part, parts, None)
 
-    def _rebuild_round(self) -> None:
-        rounds = self.rebuilding_with
-        if rounds is None or self.node is None or self.node.source != getattr(rounds, "source", rounds):
-            self.rebuilding_with = None
+    def _next_round(self, delay: float, number: int, part: int, parts: int, rounds) -> None:
+        self.world.at(delay, lambda: self._rebuild_round(number, part, parts, rounds),
+                      f"{self.endpoint}/rebuilder/{part}", fiber=True)
+
+    def _rebuild_round(self, number: int, part: int, parts: int, rounds) -> None:
+        if number != self.rebuild_number:
+            return  # of a rebuild that ended (`leave`)
+        source = self.rebuilding_with
+        rest = None
+        if source is not None and self.node is not None and self.node.source == source:
+            try:
+                rounds = rounds or RebuildRounds(self.cluster_of(self.endpoint), self.node.position, source, part, parts)
+                rest = rounds.round()
+            except Unavailable as exc:  # more than r slots of some stripes lost
+                self.rebuild_lost = str(exc)
+            except Error:  # a node or the cluster went away: a later heartbeat starts again
+                pass
+        if rest is not None:
+            self._next_round(rest, number, part, parts, rounds)
             return
-        try:
-            if not isinstance(rounds, RebuildRounds):
-                rounds = self.rebuilding_with = RebuildRounds(self.cluster_of(self.endpoint), self.node.position,
-                                                              self.node.source)
-            rest = rounds.round()
-        except Unavailable as exc:  # more than r slots of some stripes lost
-            self.rebuild_lost, self.rebuilding_with = str(exc), None
-            return
-        except Error:  # a node or the cluster went away: a later heartbeat starts again
+        self.rebuild_streams.discard(part)
+        if not self.rebuild_streams:
             self.rebuilding_with = None
-            return
-        if rest is None:
-            self.rebuilding_with = None
-        else:
-            self.world.at(rest, self._rebuild_round, f"{self.endpoint}/rebuilder", fiber=True)
 
     def kill(self) -> None:
         """SIGKILL: everything of this process stops at once; its lease expires on its own."""
         self.alive = False
         self.world.kill(self.endpoint)
-        self.world.kill(f"{self.endpoint}/rebuilder")
+        for part in range(MAX_STREAMS):
+            self.world.kill(f"{self.endpoint}/rebuilder/{part}")
 
 
 class SimDecider:

@@ -183,7 +183,8 @@ class Simulation:
                                     window_rows=rng.choice([1 << 20, 16, 64]),
                                     window_seconds=rng.choice([5.0, 0.5]),
                                     rebuild_batch=rng.choice([8, 64, 1 << 15]),
-                                    rebuild_share=rng.choice([0.5, 1.0]))
+                                    rebuild_share=rng.choice([0.5, 1.0]),
+                                    rebuild_streams=1 if seed % 3 == 0 else 2)  # (not drawn: as below)
         self.spares = rng.choice([0, 1, 2, 2])
         self.sees_exits = seed % 7 in (3, 4)  # (not drawn from the rng: the other seeds run as they did)
         self.faults = Faults(drop=rng.choice([0.0, 0.0, 0.002, 0.01]), duplicate=rng.choice([0.0, 0.02, 0.1]),
@@ -198,7 +199,8 @@ class Simulation:
     def shape(self) -> str:
         c = self.config
         return (f"{c.code}({c.k},{c.r}) on {c.nodes} nodes + {self.spares} spares, window_rows={c.window_rows}, "
-                f"window_seconds={c.window_seconds}, rebuild_batch={c.rebuild_batch}; {self.faults}"
+                f"window_seconds={c.window_seconds}, rebuild_batch={c.rebuild_batch}, rebuild_streams={c.rebuild_streams}; "
+                f"{self.faults}"
                 + ("; the client sees node exits" if self.sees_exits else ""))
 
     def cluster_for(self, owner: str) -> SimCluster:
