@@ -355,6 +355,23 @@ class _Presence(threading.Thread):
         self.store.membership.close()
 
 
+HEAP_KEEPS = 256 << 20  # a node process's malloc serves blocks below this from its heap, and keeps freed ones
+
+
+def keep_freed_buffers() -> bool:
+    """Have glibc's malloc serve allocations below `HEAP_KEEPS` from the heap and keep what is freed there
+    (up to twice that at its top) for the next, instead of mapping each large one anew and unmapping it when
+    freed: a rebuild round's 42 MB of stripe blocks would otherwise be page-faulted in again every round.
+    False where the C library has no `mallopt` (not glibc), which changes nothing."""
+    try:
+        import ctypes
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, HEAP_KEEPS)) and bool(mallopt(m_trim_threshold, 2 * HEAP_KEEPS))
+
+
 def die_with_parent(parent: int) -> None:
     """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
     try:
@@ -384,6 +401,7 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
                  f"or bind to 127.0.0.1")
     if parent:
         die_with_parent(parent)
+    keep_freed_buffers()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where the node is
     server = NodeServer(bind, curve, parent, token, membership, metrics)
