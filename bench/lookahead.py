@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 import ectable
+from ectable.arrays import unique
 
 from .common import report
 from .train_loop import create_tables, iteration, numpy_loop
@@ -53,7 +54,7 @@ def one_run(work: Workload, compute: float, lookahead: int | None, cache_rows: i
         else:
             client.flush()
         seconds = time.perf_counter() - start
-        touched = {t: np.unique(np.concatenate([b[t] for b in work.batches])) for t in work.sizes}
+        touched = {t: unique(np.concatenate([b[t] for b in work.batches])) for t in work.sizes}
         records = client.get_many(touched, records=True)
         client.close()
     return {"seconds": seconds, "stats": stats, "records": records}

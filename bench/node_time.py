@@ -18,6 +18,7 @@ from collections import defaultdict
 import numpy as np
 
 import ectable
+from ectable.arrays import unique
 from ectable.storage.node import Node
 
 from .common import report
@@ -97,7 +98,7 @@ def gathers(work) -> dict:
         for n, batch in enumerate(work.batches):
             parts = []
             for table, ids in batch.items():
-                ids = np.unique(ids)
+                ids = unique(ids)
                 for node in nodes:
                     shard = node.shards[table]
                     mine = ids[shard.layout.data_node(ids) == node.position]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ectable.arrays import unique
 from .common import report
 
 TABLES, TOTAL_ROWS, BATCH, DIM, ALPHA = 26, 10_000_000, 2048, 64, 1.1
@@ -43,7 +44,7 @@ class Workload:
         return float(np.mean([sum(ids.size for ids in b.values()) for b in self.batches]))
 
     def unique_per_batch(self) -> float:
-        return float(np.mean([sum(np.unique(ids).size for ids in b.values()) for b in self.batches]))
+        return float(np.mean([sum(unique(ids).size for ids in b.values()) for b in self.batches]))
 
     def describe(self) -> str:
         return (f"{self.name}: {len(self.sizes)} table(s), {sum(self.sizes.values()):,} rows, dim {DIM}, "
@@ -115,16 +116,16 @@ def profile_args(description: str | None = None) -> argparse.Namespace:
 def measure(sizes: dict[str, int], batches: int = 200, seed: int = 1) -> dict:
     """Measured skew (share of accesses that went to the hottest 1% of all rows) and unique rows per batch."""
     counts = {name: np.zeros(rows, dtype=np.int64) for name, rows in sizes.items()}
-    unique = []
+    per_batch = []
     for b in criteo_like_batches(sizes, batches, seed):
-        unique.append(sum(np.unique(ids).size for ids in b.values()))
+        per_batch.append(sum(unique(ids).size for ids in b.values()))
         for name, ids in b.items():
             np.add.at(counts[name], ids, 1)
     allc = np.sort(np.concatenate(list(counts.values())))[::-1]
     top = max(1, allc.size // 100)
     return {"rows": int(allc.size), "top1pct_share": float(allc[:top].sum() / allc.sum()),
-            "unique_rows_per_batch": float(np.mean(unique)),
-            "unique_rows_per_table_batch": float(np.mean(unique) / len(sizes))}
+            "unique_rows_per_batch": float(np.mean(per_batch)),
+            "unique_rows_per_table_batch": float(np.mean(per_batch) / len(sizes))}
 
 
 def main() -> None:

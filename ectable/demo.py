@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 import ectable
+from ectable.arrays import unique
 from ectable.testing import check_parity, read_records
 
 DIM, EPOCHS, BATCH, LR = 32, 5, 1000, 0.05
@@ -121,7 +122,7 @@ def main() -> None:
     *data, source = movielens()
     users, items, _ = data
     print(f"ectable demo: matrix factorisation on {source}: {users.size:,} ratings, "
-          f"{np.unique(users).size} users, {np.unique(items).size} items, dim {DIM}")
+          f"{unique(users).size} users, {unique(items).size} items, dim {DIM}")
     print("tables in xor(4,1) on 5 node processes + 1 spare, rowwise_adagrad; a failure-free run in process "
           "first, for the comparison")
     with ectable.LocalCluster(**SETTINGS, processes=False) as ref:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..arrays import unique
 from .. import clock
 from ..checkpoint import pieces, policy as policies
 from ..checkpoint.history import Chain
@@ -294,7 +295,7 @@ class Checkpoints:
         if piece["dim"] != spec.dim or piece["state"].shape[1] != spec.width - spec.dim:
             raise pieces.BadCheckpoint(f"{name}: rows of {piece['dim']} weights and {piece['state'].shape[1]} state "
                                        f"values do not fit table {spec.name!r} ({spec.dim} + {spec.width - spec.dim})")
-        if ids.size and (ids.min() < 0 or ids.max() >= spec.num_rows or np.unique(ids).size != ids.size):
+        if ids.size and (ids.min() < 0 or ids.max() >= spec.num_rows or unique(ids).size != ids.size):
             raise pieces.BadCheckpoint(f"{name}: row ids out of range or repeated for table {spec.name!r}")
         if not (np.isfinite(piece["weights"]).all() and np.isfinite(piece["state"]).all()):
             raise pieces.BadCheckpoint(f"{name}: non-finite values")

@@ -5,6 +5,7 @@ import functools
 
 import numpy as np
 
+from ..arrays import unique
 from .. import clock
 from ..config import DEADLINE
 from ..errors import (Error, HandingOver, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable,
@@ -733,7 +734,7 @@ class Client:
             return
         lost = {}
         for name, (_, layout) in self._tables.items():
-            stripes = np.unique(np.concatenate([layout.stripes_of(p, t) for p in dead for t in range(layout.width)]))
+            stripes = unique(np.concatenate([layout.stripes_of(p, t) for p in dead for t in range(layout.width)]))
             nodes = layout.slot_node(stripes[:, None], np.arange(layout.width))
             bad = stripes[np.isin(nodes, dead).sum(axis=1) > layout.r]
             if bad.size:
@@ -805,7 +806,7 @@ class Client:
         for entry in lost:
             for table, _, ids, _ in entry.writes:
                 rows.setdefault(table, []).append(ids)
-        rows = {table: np.unique(np.concatenate(ids)) for table, ids in rows.items()}
+        rows = {table: unique(np.concatenate(ids)) for table, ids in rows.items()}
         named = ", ".join(f"{table!r} ({ids.size})" for table, ids in rows.items())
         raise WritesLost(f"{len(lost)} acknowledged write(s) of this client are lost: the node that applied them "
                          f"failed before their parity was complete, and a node was added to the cluster before this "
@@ -1102,9 +1103,9 @@ class Client:
                 stripes = layout.stripe(ids)
                 for j in range(layout.r):
                     holders = layout.parity_node(stripes, j)
-                    for q in set(np.unique(holders).tolist()) & marks.keys():
+                    for q in set(unique(holders).tolist()) & marks.keys():
                         asks.setdefault((q, table), []).append(stripes[holders == q])
-        return {key: np.unique(np.concatenate(parts)) for key, parts in asks.items()}
+        return {key: unique(np.concatenate(parts)) for key, parts in asks.items()}
 
     def _parity_recorded(self, log, marks, lacking) -> dict:
         """`_parity_held` as recorded when the dead node was reconciled: every holder had its rows but
@@ -1132,7 +1133,7 @@ class Client:
             last = np.full(ids.size, -1, dtype=np.int64)  # per row: the last of this client's writes its parity has
             for j in range(layout.r):
                 holders = layout.parity_node(stripes, j)
-                for q in np.unique(holders).tolist():
+                for q in unique(holders).tolist():
                     if (q, table) in held:
                         pick = holders == q
                         known, have = held[(q, table)]

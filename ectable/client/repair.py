@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import unique
 from .. import clock
 from ..config import DEADLINE
 from ..errors import Error, NodeDown, StaleCut, Unavailable
@@ -57,7 +58,7 @@ class Repair:
 
     def check(self, table: str, ids: np.ndarray, states: np.ndarray) -> None:
         """Raise Unavailable unless every row of `ids` can be decoded, with every position's `states`."""
-        stripes = np.unique(self.client._table(table)[1].stripe(ids))
+        stripes = unique(self.client._table(table)[1].stripe(ids))
         self._short(table, stripes, self._slots(table, stripes, states)[2])
 
     def recover(self, table: str, stripes: np.ndarray, skip: int | None = None) -> tuple:
@@ -160,7 +161,7 @@ class Repair:
         counts = np.where(read[:, k:], versions[:, k:], -1)
         again[:, k:] |= read[:, k:] & (counts < counts.max(axis=1, keepdims=True))
         again &= read
-        again[:, k:] |= np.isin(nodes[:, k:], np.unique(nodes[:, k:][again[:, k:]])) & read[:, k:]
+        again[:, k:] |= np.isin(nodes[:, k:], unique(nodes[:, k:][again[:, k:]])) & read[:, k:]
         return again
 
     def _read(self, cuts: dict) -> None:
@@ -171,7 +172,7 @@ class Repair:
         none = np.zeros(0, dtype=np.int64)
         for table, cut in cuts.items():
             stripes, nodes, read, k = cut["stripes"], cut["nodes"], cut["read"], cut["k"]
-            for node in np.unique(nodes[read]).tolist():
+            for node in unique(nodes[read]).tolist():
                 mine = read & (nodes == node)
                 rows, cols = np.nonzero(mine[:, :k])
                 if rows.size:
@@ -238,7 +239,7 @@ class Repair:
         self._parity_ready(table, layout, stripes, position, dead, states)
         holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)], axis=1)
         pieces = {}
-        for target in np.unique(holders[states[holders] != "dead"]).tolist():  # a dead one's parity is rebuilt
+        for target in unique(holders[states[holders] != "dead"]).tolist():  # a dead one's parity is rebuilt
             pick = (holders == target).any(axis=1)  # from the data later; a holder holds one slot of a stripe
             pieces[target] = (ids[pick], delta[pick])
         self.send_deltas(table, pieces, position, dead)
@@ -251,10 +252,10 @@ class Repair:
         held: dict[int, list] = {}  # a node may hold parity j of some stripes and parity j' of others
         for j in range(layout.r):
             targets = layout.parity_node(stripes, j)
-            for target in np.unique(targets[states[targets] != "dead"]).tolist():
+            for target in unique(targets[states[targets] != "dead"]).tolist():
                 held.setdefault(target, []).append(stripes[targets == target])
         header = Holds(table=table, source=self.source, position=position, dead=dead).header()
-        asks = {(target, table): (header, [np.unique(np.concatenate(parts))]) for target, parts in held.items()}
+        asks = {(target, table): (header, [unique(np.concatenate(parts))]) for target, parts in held.items()}
         for _ in range(3):  # a rebuild gives up when its holder moved on meanwhile: ask again
             lacking = {}
             for (target, _), (reply, arrays) in self.client._gather(asks).items():
@@ -359,7 +360,7 @@ class Repair:
                 break
             holders = layout.parity_node(stripes, j)
             asks = {(int(q),): (Holds(table=table).header(), [stripes[unknown & (holders == q)]])
-                    for q in np.unique(holders[unknown]).tolist() if q != position and states[q] != "dead"}
+                    for q in unique(holders[unknown]).tolist() if q != position and states[q] != "dead"}
             try:
                 answers = self.client._gather(asks)
             except (NodeDown, NotRebuilt):

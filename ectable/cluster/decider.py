@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import union, unique
 from .. import clock
 from ..config import ClusterConfig
 from ..errors import Error
@@ -243,7 +244,7 @@ class Decider:
         """{rebuilding holder: which parity rows of `table`'s stripes that p held data in it has (None: it did
         not answer)}."""
         stripes, holders = plans.reconcile_stripes(layout, p)
-        rebuilding = [int(q) for q in np.unique(holders) if m.states[q] == "rebuilding"]
+        rebuilding = [int(q) for q in unique(holders) if m.states[q] == "rebuilding"]
         ok, _ = self._ask({m.endpoints[q]: (Holds(table=table).header(), [stripes[(holders == q).any(axis=1)]])
                            for q in rebuilding})
         return {q: ok[m.endpoints[q]][1][0].astype(bool) if m.endpoints[q] in ok else None for q in rebuilding}
@@ -259,7 +260,7 @@ class Decider:
         stale = plans.stale_parity(stripes, holders, score, has) if score is not None else {}
         ok, failed = self._ask({m.endpoints[q]: (Invalidate(table=table).header(), [s]) for q, s in stale.items()})
         for q, s in stale.items():
-            lacking[q] = np.union1d(lacking.get(q, s[:0]), s)
+            lacking[q] = union(lacking.get(q, s[:0]), s)
             if m.endpoints[q] in ok:
                 generation = max(m.generations[q], ok[m.endpoints[q]][0].get("generation", 0))
                 m = m.with_position(q, state="rebuilding" if m.states[q] != "dead" else "dead", generation=generation)

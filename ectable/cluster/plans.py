@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import unique
 from ..layout import Layout
 from .map import RETIRED_GROWS, Map
 
@@ -102,14 +103,14 @@ def free_spares(m: Map, presence: dict, drains=()) -> list[str]:
 
 def reconcile_stripes(layout: Layout, p: int) -> tuple[np.ndarray, np.ndarray]:
     """The stripes position p held data in, and their parity holders [stripes, r]."""
-    stripes = np.unique(np.concatenate([layout.stripes_of(p, t) for t in range(layout.k)]))
+    stripes = unique(np.concatenate([layout.stripes_of(p, t) for t in range(layout.k)]))
     holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)], axis=1)
     return stripes, holders
 
 
 def parity_holders(layouts: list, p: int) -> set[int]:
     """The positions holding parity of some stripe position p holds data in, in any of `layouts`."""
-    return {int(q) for layout in layouts for q in np.unique(reconcile_stripes(layout, p)[1])}
+    return {int(q) for layout in layouts for q in unique(reconcile_stripes(layout, p)[1])}
 
 
 def holding_none(has: list) -> set[int]:
@@ -148,7 +149,7 @@ def stale_parity(stripes: np.ndarray, holders: np.ndarray, score: np.ndarray, ha
         sub[mine[rows] & ~have[:, None]] = -1
         held[rows] = sub
     behind = (held >= 0) & (held < held.max(axis=1, keepdims=True))
-    return {int(q): stripes[(behind & (holders == q)).any(axis=1)] for q in np.unique(holders[behind]).tolist()}
+    return {int(q): stripes[(behind & (holders == q)).any(axis=1)] for q in unique(holders[behind]).tolist()}
 
 
 def drain_waits(m: Map, spares: list[str]) -> str | None:

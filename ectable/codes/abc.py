@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..arrays import unique
 from . import gf256
 
 
@@ -57,7 +58,7 @@ class Code(ABC):
         k slots per stripe) leaves out, from the slots it chooses."""
         slots = np.arange(blocks.shape[1])
         pattern = chosen @ (1 << slots)
-        for value in np.unique(pattern).tolist():
+        for value in unique(pattern).tolist():
             lost = [int(t) for t in slots if not value >> t & 1]
             if not lost:
                 continue

@@ -7,6 +7,7 @@ from collections import deque
 
 import numpy as np
 
+from ..arrays import unique
 from ..errors import Error, Unavailable
 
 
@@ -169,7 +170,7 @@ class Worker:
         ends = np.cumsum([written.size for written, _ in parts])
         which = np.searchsorted(ends, where, side="right")
         held = np.empty((where.size, parts[0][1].shape[1]), dtype=np.float32)
-        for n in np.unique(which):  # a loop over held writes (at most GROUP), not rows
+        for n in unique(which):  # a loop over held writes (at most GROUP), not rows
             mine = which == n
             held[mine] = parts[n][1][where[mine] - (ends[n] - parts[n][0].size)]
         return found, held

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import unique
 from ..config import ClusterConfig
 from ..errors import InvalidRequest
 from .handover import VERSION
@@ -80,7 +81,7 @@ class Relayout:
             layout = self.config.layout(spec)
             k, r, width = layout.k, layout.r, spec.width
             if changed is not None and name in self.coded:  # encoded ahead: only the stripes that changed since
-                coded, stripes = self.coded[name], np.unique(changed // k)
+                coded, stripes = self.coded[name], unique(changed // k)
                 touched = full.reshape(-1, k, width)[stripes].reshape(-1, width)
                 for j, block in enumerate(_encode(code, touched, k) if r and stripes.size else []):
                     coded[j][stripes] = block
@@ -135,7 +136,7 @@ class Relayout:
         agreed = all(mark == marks[0] for mark in marks)
         mark = marks[0] if agreed else {"checkpoint": NO_CHAIN, "full": NO_CHAIN}
         ahead = copied and name in self.coded
-        return full, flags, dict(mark), np.unique(np.concatenate([*changed, todo])) if ahead else None
+        return full, flags, dict(mark), unique(np.concatenate([*changed, todo])) if ahead else None
 
 
 def _encode(code, rows: np.ndarray, k: int) -> list:

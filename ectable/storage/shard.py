@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import unique
 from ..codes import Code, gf256
 from ..errors import Error, InvalidRequest
 from .arena import Arena
@@ -94,7 +95,7 @@ class Shard:
             return
         hit = self.fresh[local]
         if hit.any():
-            pick = np.unique(local[hit])
+            pick = unique(local[hit])
             self.records[pick, : self.dim] = self._initial(self.layout.data_ids(self.node, pick))
             self.window.dirty[pick] |= SINCE_COPY
             self._computed(0, pick)
@@ -105,7 +106,7 @@ class Shard:
             return
         hit = self.fresh_parity[local]
         if hit.any():
-            pick = np.unique(local[hit])
+            pick = unique(local[hit])
             stripes, js = self.layout.parity_stripes(self.node, pick)
             k = self.layout.k
             coded = self.code.encode([self._initial_records(stripes * k + i).view(np.uint8) for i in range(k)])
@@ -233,7 +234,7 @@ class Shard:
 
     def count_degraded(self, ids: np.ndarray) -> None:
         """A degraded write (a client's, through the parity alone) of rows `ids` reached this holder."""
-        self.versions[self.parity_slots(np.unique(self.layout.stripe(ids)))[1]] += 1
+        self.versions[self.parity_slots(unique(self.layout.stripe(ids)))[1]] += 1
 
     # -- rebuild ---------------------------------------------------------
     def restore(self, ids, records) -> None:

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from ..arrays import unique
 from ..checkpoint import pieces
 from ..checkpoint.policy import KINDS
 from .shard import Shard
@@ -77,7 +78,7 @@ class Frozen:
         at = at[inside]
         at = at[self.local[at] == local[inside]]
         with self._lock:
-            self._copy(np.unique(at[~self.copied[at]]))
+            self._copy(unique(at[~self.copied[at]]))
 
     def __getitem__(self, part: slice) -> np.ndarray:
         start, stop, _ = part.indices(self.local.size)
