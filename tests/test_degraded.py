@@ -170,3 +170,18 @@ def test_rebuild_streams_take_parts_of_their_own_then_help_from_the_far_end_and_
         np.testing.assert_array_equal(client.get("t", np.arange(40_000)), before)
         client.flush()
         check_parity(cluster, client)
+
+
+def test_a_bad_missing_request_to_a_rebuilding_node_changes_nothing():
+    """A `missing` request with a bad part is refused before the node notes that its rebuilder began pulling
+    (which the rebuild's reported rate counts from)."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=4_000, dim=2, seed=6)
+        cluster.kill(2)
+        client.status()  # fails it over to the spare, which now lacks every row
+        node = cluster.node(2)
+        assert node.rebuilding and node.pulled_since is None
+        reply, _ = node.handle({"op": "missing", "part": 2, "parts": 2}, [])
+        assert reply["error"] == ErrorCode.INVALID.value and "part 2 of 2" in reply["message"]
+        assert node.pulled_since is None

@@ -241,17 +241,16 @@ class Node:
         """Rows of several tables: header "tables", one ids array per table; "records": whole records; "partial":
         zeros for rows not rebuilt yet, and their ids."""
         work = self._tables_ids(msg.tables, arrays)
-        missing = [shard.unrebuilt(ids) for shard, ids in work] if msg.partial else []
-        if not any(m.size for m in missing):
+        lacking = [shard.lacks(ids) for shard, ids in work] if msg.partial else []
+        if not any(lacks.any() for lacks in lacking):
             self._need_rebuilt(work)
             return {}, [shard.read(ids, records=msg.records) for shard, ids in work]
         rows = []
-        for (shard, ids), lacks in zip(work, missing):
-            have = ~np.isin(ids, lacks)
+        for (shard, ids), lacks in zip(work, lacking):
             out = np.zeros((ids.size, shard.width if msg.records else shard.dim), dtype=np.float32)
-            out[have] = shard.read(ids[have], records=msg.records)
+            out[~lacks] = shard.read(ids[~lacks], records=msg.records)
             rows.append(out)
-        return {"missing": True}, rows + missing
+        return {"missing": True}, rows + [ids[lacks] for (_, ids), lacks in zip(work, lacking)]
 
     def _tables_ids(self, tables: list, arrays) -> list:
         """[(shard, ids)] of a request naming `tables`, with one ids array each."""
@@ -668,13 +667,13 @@ class Node:
 
     def op_missing(self, msg, arrays):
         """Ids and stripes still to rebuild, at most `limit` of each, per table."""
-        self._settle()  # a spare given no tables has nothing to rebuild
-        if self.rebuilding and self.pulled_since is None:
-            self.pulled_since = self.clock()
         limit = msg.limit
         if limit < 0 or not 0 <= msg.part < msg.parts <= MAX_STREAMS:
             raise InvalidRequest(f"missing: limit {limit} (at least 0), part {msg.part} of {msg.parts} (parts: 1 to "
                                  f"{MAX_STREAMS})")
+        self._settle()  # a spare given no tables has nothing to rebuild
+        if self.rebuilding and self.pulled_since is None:
+            self.pulled_since = self.clock()
         out, names = [], []
         for name, shard in self.shards.items():
             if shard.missing_data is not None:

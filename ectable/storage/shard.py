@@ -144,9 +144,13 @@ class Shard:
 
     def unrebuilt(self, ids: np.ndarray) -> np.ndarray:
         """The ids (owned here, which is checked only while rows are missing) whose rows are not rebuilt yet."""
+        return ids[self.lacks(ids)]
+
+    def lacks(self, ids: np.ndarray) -> np.ndarray:
+        """Per id of `ids` (as `unrebuilt`): whether its row is not rebuilt yet."""
         if self.missing_data is None:
-            return ids[:0]
-        return ids[self.missing_data[self.local(ids, rebuilt=False)]]
+            return np.zeros(ids.size, dtype=bool)
+        return self.missing_data[self.local(ids, rebuilt=False)]
 
     def read(self, ids, committed=False, records=False) -> np.ndarray:
         """Weights (or whole records) of rows; `committed`: as of the open window's start."""
