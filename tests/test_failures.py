@@ -1,6 +1,7 @@
 """Real failures of node processes: leases, fencing, deciders, injected faults, and the Redis-style kill loop."""
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -103,6 +104,26 @@ def test_a_node_dying_between_its_write_and_its_delta_loses_nothing(fault, code)
         write((client, ref), rng, rounds=4)  # node 2 SIGKILLs itself at the armed point
         assert cluster.node_pids()[2] != pid and cluster.state(2) != "dead"  # a spare took its place
         assert same(client, ref)
+        recovered_and_exact(cluster, client, ref)
+
+
+def test_a_node_that_dies_before_it_answers_its_armed_fault_is_not_waited_for():
+    """A node armed to die may die in the same pass that answered `fault`, before the answer left it (CI once
+    saw `inject` wait 10 s for it, then fail): `inject` returns once the process is gone."""
+    cluster, reference, (client, ref) = make()
+    with cluster, reference:
+        rng = np.random.default_rng(8)
+        write((client, ref), rng)
+        pid = cluster.node_pids()[2]
+        os.kill(pid, signal.SIGSTOP)  # the fault waits in its socket, never answered
+        killer = threading.Timer(1.0, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        try:
+            cluster.inject(2, "die_before_deltas")
+        finally:
+            killer.join()
+        write((client, ref), rng)
+        assert cluster.node_pids()[2] != pid and same(client, ref)
         recovered_and_exact(cluster, client, ref)
 
 

@@ -28,7 +28,7 @@ from ..membership.server import EtcdServer
 from ..storage.node import Node
 from ..protocol.messages import ErrorCode, Fault
 from .host import NodeHost
-from .node_server import HEARTBEAT, TICK
+from .node_server import DYING, HEARTBEAT, TICK
 from ..transport import InProcessChannel, ZmqChannel
 
 DEFAULT_R = {"none": 0, "xor": 1, "rs": 2}
@@ -390,11 +390,20 @@ class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
     def inject(self, i: int, fault: str, value: float = 1.0) -> None:
         """Arm a fault in active node i: die_before_deltas, die_after_write (SIGKILL at that point),
         duplicate_deltas, reorder_deltas, delay_deltas (value: seconds), hold_deltas_to (value: a
-        position whose deltas are never sent)."""
-        self._control(self._map.endpoints[i], Fault(token=self._token, name=fault, value=value).header())
+        position whose deltas are never sent). A node armed to die may die at once, before its answer leaves
+        it: then this returns as soon as its process is gone."""
+        endpoint = self._map.endpoints[i]
+        header = Fault(token=self._token, name=fault, value=value).header()
+        if fault not in DYING:
+            return self._control(endpoint, header)
+        try:
+            self._control(endpoint, header, alive=lambda: not self._exited(endpoint))
+        except NodeDown:
+            if not self._exited(endpoint):
+                raise
 
-    def _control(self, endpoint: str, header: dict) -> None:
-        channel = ZmqChannel(endpoint, self.context, self.curve)
+    def _control(self, endpoint: str, header: dict, alive=None) -> None:
+        channel = ZmqChannel(endpoint, self.context, self.curve, alive)
         try:
             reply = channel.call(header, [], 10.0)[0]
         finally:

@@ -33,7 +33,8 @@ NODE_TTL = 3.0  # a node whose presence was not kept alive this long is failed o
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
 TICK = 0.02  # seconds between passes of a node's loop while a window is open, a delta unacknowledged or a rebuild runs
 IDLE_TICK = 0.1  # ... and while none is: a request or an acknowledgement wakes it at once
-FAULTS = {"die_before_deltas", "die_after_write", "duplicate_deltas", "reorder_deltas", "delay_deltas", "hold_deltas_to"}
+DYING = {"die_before_deltas", "die_after_write"}  # faults that SIGKILL the node, maybe before its answer to `fault` left
+FAULTS = DYING | {"duplicate_deltas", "reorder_deltas", "delay_deltas", "hold_deltas_to"}
 GRACE = 0.002  # deferred parity work waits for this much quiet, so it runs while the trainer computes
 
 METRICS_EVERY = 1.0  # seconds between updates of the metrics' gauges
