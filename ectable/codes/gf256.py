@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import put_rows
+
 POLY = 0x11D
 CHUNK = 64 * 1024  # bytes per lookup pass: keeps source, table and product in L1/L2
 
@@ -54,9 +56,9 @@ def xor_into(dst: np.ndarray, src: np.ndarray) -> None:
 
 def xor_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
     """dst[rows] ^= src for a 2-D uint8 `dst` and unique `rows`: one gather, XOR and scatter."""
-    part = dst[rows]
+    part = np.take(dst, rows, axis=0)
     xor_into(part, src)
-    dst[rows] = part
+    put_rows(dst, rows, part)
 
 
 def scale_rows(coef: np.ndarray, src: np.ndarray) -> np.ndarray:
@@ -75,7 +77,7 @@ def scale_rows(coef: np.ndarray, src: np.ndarray) -> np.ndarray:
             rows = order[lo:min(end, lo + step)]
             gathered = bytearray(rows.size * width)  # gathered straight into what `translate` reads
             np.take(src, rows, axis=0, out=np.frombuffer(gathered, dtype=np.uint8).reshape(rows.size, width))
-            out[rows] = np.frombuffer(gathered.translate(table), dtype=np.uint8).reshape(rows.size, width)
+            put_rows(out, rows, np.frombuffer(gathered.translate(table), dtype=np.uint8).reshape(rows.size, width))
     return out
 
 

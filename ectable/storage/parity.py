@@ -68,7 +68,8 @@ def window_deltas(shards, position: int, config) -> dict:
         bounds = np.searchsorted(targets[order], np.arange(nodes + 1)).tolist()
         for target in np.flatnonzero(np.diff(bounds)).tolist():  # only the nodes this window has rows for
             pick = rows[bounds[target]:bounds[target + 1]]
-            found[target].append((group, np.bincount(table[pick], minlength=len(group)), ids[pick], delta[pick]))
+            found[target].append((group, np.bincount(table[pick], minlength=len(group)), ids[pick],
+                                   np.take(delta, pick, axis=0)))
     parts = {}
     for target, pieces in found.items():
         names = [shard.spec.name for group, n, _, _ in pieces for shard, c in zip(group, n) if c]
@@ -108,7 +109,7 @@ class Queued:
         at = self.at
         pick = np.concatenate([np.arange(at[t], at[t + 1]) for t in tables] or [np.arange(0)])
         return Queued([self.shards[t] for t in tables], [self.counts[t] for t in tables], self.ids[pick],
-                      self.delta[pick] if delta is None else delta, tuple(s[pick] for s in self.slots), self.source,
+                      np.take(self.delta, pick, axis=0) if delta is None else delta, tuple(s[pick] for s in self.slots), self.source,
                       self.seq)
 
     def without(self, table: str) -> "Queued":
