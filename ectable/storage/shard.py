@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import unique
+from ..arrays import put_rows, unique
 from ..codes import Code, gf256
 from ..errors import Error, InvalidRequest
 from .arena import Arena
@@ -159,14 +159,14 @@ class Shard:
         if committed:
             out = self.window.committed(local, self.records)
             return out if records else np.ascontiguousarray(out[:, : self.dim])
-        return self.records[local] if records else self.records[local, : self.dim]  # one gather
+        return np.take(self.records, local, axis=0) if records else self.records[local, : self.dim]  # one gather
 
     def updated(self, kind: str, ids, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(local offsets, records now, new records) of rows `ids` after a "put" of weights `values` or an
         "apply_gradient" of gradients `values`; nothing changes until `commit`."""
         local = self.local(ids)
         self._compute(local)
-        old = self.records[local]
+        old = np.take(self.records, local, axis=0)
         rows = old.copy()  # a copy of what was gathered: no second gather of scattered rows
         write_rows(self.optimizer, kind, rows, values, self.dim)  # an overflow is refused by the caller
         return local, old, rows
@@ -177,7 +177,7 @@ class Shard:
         for frozen in self.frozen:
             frozen.save(local)
         self.window.record(local, old, rows)
-        self.records[local] = rows
+        put_rows(self.records, local, rows)
 
     # -- parity rows -----------------------------------------------------
     def parity_slots(self, stripes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -67,7 +67,7 @@ class Window:
 
     def committed(self, local: np.ndarray, records: np.ndarray) -> np.ndarray:
         """Records of rows `local` as of the window's opening (what parity holds)."""
-        out = records[local]
+        out = np.take(records, local, axis=0)
         dirty = (self.dirty[local] & IN_WINDOW).astype(bool)
         if dirty.any():
             out[dirty] = (out[dirty].view(np.uint32) ^ self._delta[self._slots(local[dirty])]).view(np.float32)
