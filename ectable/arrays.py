@@ -8,6 +8,8 @@ the same by sorting, as numpy before 2.3 did.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 
@@ -31,8 +33,15 @@ def put_rows(dst: np.ndarray, rows, values: np.ndarray) -> None:
     """`dst[rows] = values` for a 2-D `dst`, each row copied whole: numpy's fancy assignment copies a row of a
     2-D array item by item, which for the byte rows of parity is several times slower. Gathers go as fast
     with `np.take(dst, rows, axis=0)`."""
-    if dst.ndim == 2 and dst.shape[1] and dst.strides[1] == dst.itemsize and values.dtype == dst.dtype:
-        cell = np.dtype((np.void, dst.shape[1] * dst.itemsize))
-        dst.view(cell)[:, 0][rows] = np.ascontiguousarray(values).reshape(-1, dst.shape[1]).view(cell)[:, 0]
+    if (dst.ndim == values.ndim == 2 and dst.shape[1] == values.shape[1] > 0 and dst.strides[1] == dst.itemsize
+            and values.dtype == dst.dtype):
+        cell = _cell(dst.shape[1] * dst.itemsize)
+        dst.view(cell)[:, 0][rows] = np.ascontiguousarray(values).view(cell)[:, 0]
     else:
         dst[rows] = values
+
+
+@lru_cache(maxsize=None)
+def _cell(size: int) -> np.dtype:
+    """One opaque item of `size` bytes."""
+    return np.dtype((np.void, size))

@@ -24,7 +24,7 @@ from .retained import Retained
 from .optimizers import WRITES
 from .arena import Arena
 from .parity import Queued, delta_slots, fold, window_deltas
-from .shard import NotRebuilt, Shard
+from .shard import NotRebuilt, Shard, updated_many
 from .table import TableSpec
 
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
@@ -278,9 +278,7 @@ class Node:
             return {"seq": seq if cseq == last else self.write_seq, "duplicate": True}, []
         work = self._writes(msg.parts, arrays)
         self._need_rebuilt([(shard, ids) for shard, _, ids, _ in work])  # refuse before any change
-        updates = self._updates(work)
-        for (shard, _, _, rows), (_, kind, ids, _) in zip(updates, work):
-            validate.finite_result(shard.spec.name, kind, ids, rows)
+        updates = self._updates(work, finite=True)
         seq = self._apply_write(updates, cid, cseq)
         self._maybe_close()  # only writes close a window early: a read must never move the cut it reads
         return {"seq": seq}, []
@@ -313,9 +311,10 @@ class Node:
         return work
 
     @staticmethod
-    def _updates(work) -> list:
-        """[(shard, local rows, their records, new records)] of checked writes; nothing is applied yet."""
-        return [(shard, *shard.updated(kind, ids, values)) for shard, kind, ids, values in work]
+    def _updates(work, finite: bool = False) -> list:
+        """[(shard, local rows, their records, new records)] of checked writes (`finite`: refused if a new
+        record is not); nothing is applied yet."""
+        return [(shard, *update) for (shard, *_), update in zip(work, updated_many(work, finite))]
 
     def _apply_write(self, updates, cid, cseq) -> int:
         """Install a write's `_updates` as this node's next write; its sequence number."""
