@@ -121,8 +121,8 @@ PUBLIC = [
     ("apply_gradient_many", ({"items": [1]},), {}, "expected (ids, grads)"),
     ("apply_gradient_many", ({"items": ([1], np.ones((1, 8))), "users": ([400], np.ones((1, 4)))},), {}, "400"),
     ("apply_gradient_many", ([1],), {}, "list"),
-    ("apply_gradient_many", ({"items": ([1], np.ones((1, 8), dtype=F)), "twin": ([5, 5], np.full((2, 8), 3e38, dtype=F))},),
-     {}, "'twin'"),  # overflows in one table of a step taken with another's: neither changes
+    ("apply_gradient_many", ({"items": ([1], np.ones((1, 8), dtype=F)),
+                              "twin": ([5, 5], np.full((2, 8), 3e38, dtype=F))},), {}, "'twin'"),  # overflows in one table of a step taken with another's: neither changes
     ("drop_table", ("nope",), {}, "'nope'"),
     ("drop_table", (["items"],), {}, "['items']"),
     ("checkpoint", ("memory://c",), dict(bits=5), "bits"),

@@ -109,8 +109,8 @@ class Queued:
         at = self.at
         pick = np.concatenate([np.arange(at[t], at[t + 1]) for t in tables] or [np.arange(0)])
         return Queued([self.shards[t] for t in tables], [self.counts[t] for t in tables], self.ids[pick],
-                      np.take(self.delta, pick, axis=0) if delta is None else delta, tuple(s[pick] for s in self.slots), self.source,
-                      self.seq)
+                      np.take(self.delta, pick, axis=0) if delta is None else delta, tuple(s[pick] for s in self.slots),
+                      self.source, self.seq)
 
     def without(self, table: str) -> "Queued":
         """The same message without table `table`'s rows."""
