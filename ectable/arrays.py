@@ -1,10 +1,10 @@
-"""Set operations on integer arrays, by sorting.
+"""Set operations on integer arrays by sorting, and row scatters that copy each row whole.
 
 numpy 2.3 and later find `np.unique(a)` (with no index, inverse or counts asked for) with a hash
 set that allocates a node per distinct value: for arrays of many distinct integers, as row ids
 and stripes are, it is 20-80 times slower than sorting (numpy issue 31969; 1.6 s against 0.08 s
-for the 400,000 stripes a failover reconciles on this project's benchmark machine). These do
-the same by sorting, as numpy before 2.3 did.
+for the 400,000 stripes a failover reconciles on this project's benchmark machine). `unique` and `union` do
+the same by sorting, as numpy before 2.3 did. `put_rows` says why it is there.
 """
 from __future__ import annotations
 

@@ -393,13 +393,11 @@ class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
         position whose deltas are never sent). A node armed to die may die at once, before its answer leaves
         it: then this returns as soon as its process is gone."""
         endpoint = self._map.endpoints[i]
-        header = Fault(token=self._token, name=fault, value=value).header()
-        if fault not in DYING:
-            return self._control(endpoint, header)
         try:
-            self._control(endpoint, header, alive=lambda: not self._exited(endpoint))
+            self._control(endpoint, Fault(token=self._token, name=fault, value=value).header(),
+                          alive=lambda: not self._exited(endpoint))
         except NodeDown:
-            if not self._exited(endpoint):
+            if fault not in DYING or not self._exited(endpoint):
                 raise
 
     def _control(self, endpoint: str, header: dict, alive=None) -> None:

@@ -162,13 +162,8 @@ class Shard:
             return out if records else np.ascontiguousarray(out[:, : self.dim])
         return np.take(self.records, local, axis=0) if records else self.records[local, : self.dim]  # one gather
 
-    def updated(self, kind: str, ids, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(local offsets, records now, new records) of rows `ids` after a "put" of weights `values` or an
-        "apply_gradient" of gradients `values`; nothing changes until `commit`."""
-        return updated_many([(self, kind, ids, values)])[0]
-
     def commit(self, local, old, rows) -> None:
-        """Install new records `rows` of local rows whose records are `old` (from `updated`, nothing written
+        """Install new records `rows` of local rows whose records are `old` (from `updated_many`, nothing written
         since), adding their changes to the window."""
         for frozen in self.frozen:
             frozen.save(local)
@@ -300,7 +295,8 @@ class Shard:
 
 
 def updated_many(work: list, finite: bool = False) -> list:
-    """`Shard.updated` of several writes [(shard, kind, ids, values)]: [(local offsets, records now, new
+    """Several writes [(shard, kind, ids, values)], each a "put" of weights, an "apply_gradient" of gradients
+    or a "records" write, computed but not applied (see `Shard.commit`): [(local offsets, records now, new
     records)] each. The writes of one kind to tables of one optimizer and record width take one optimizer
     step together (per-table calls, not rows, were most of what a node spent on a many-table write). With
     `finite`, InvalidRequest (`validate.finite_result`) if a new record is not finite."""
