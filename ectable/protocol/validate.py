@@ -29,6 +29,30 @@ def ids(table: str, value, num_rows: int) -> np.ndarray:
     return arr
 
 
+def ids_many(tables: list, values: list, num_rows: list) -> list:
+    """`ids` of several tables at once (`values[t]` of `tables[t]`, which has `num_rows[t]` rows): the
+    ranges of all are checked in one pass; a failure is named as `ids` names it."""
+    if len(values) > 1 and all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == np.int64 for v in values):
+        limit = np.repeat(np.array(num_rows, dtype=np.uint64), [v.size for v in values])
+        if not (np.concatenate(values).view(np.uint64) >= limit).any():  # a negative id is a huge unsigned one
+            return list(values)
+    return [ids(t, v, n) for t, v, n in zip(tables, values, num_rows)]
+
+
+def unique_many(tables: list, arrays: list) -> None:
+    """`unique` of several tables' ids; ids ascending within each table (as clients send them) are checked in
+    one pass over all."""
+    if arrays:
+        flat = np.concatenate(arrays)
+        up = flat[1:] > flat[:-1]
+        starts = np.cumsum([a.size for a in arrays])[:-1]
+        up[starts[(starts > 0) & (starts < flat.size)] - 1] = True  # a table's first id follows another table's
+        if up.all():
+            return
+    for table, arr in zip(tables, arrays):
+        unique(table, arr)
+
+
 def shaped_ids(table: str, value, num_rows: int) -> tuple[np.ndarray, tuple]:
     """Row ids in [0, num_rows) of any shape (as torch's `embedding` takes them): (flat int64 ids, shape)."""
     try:

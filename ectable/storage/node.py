@@ -24,7 +24,7 @@ from .retained import Retained
 from .optimizers import WRITES
 from .arena import Arena
 from .parity import Queued, delta_slots, fold, window_deltas
-from .shard import NotRebuilt, Shard, updated_many
+from .shard import NotRebuilt, Shard, local_many, updated_many
 from .table import TableSpec
 
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
@@ -244,7 +244,8 @@ class Node:
         lacking = [shard.lacks(ids) for shard, ids in work] if msg.partial else []
         if not any(lacks.any() for lacks in lacking):
             self._need_rebuilt(work)
-            return {}, [shard.read(ids, records=msg.records) for shard, ids in work]
+            return {}, [shard.read(ids, records=msg.records, local=local)
+                        for (shard, ids), local in zip(work, local_many(work))]
         rows = []
         for (shard, ids), lacks in zip(work, lacking):
             out = np.zeros((ids.size, shard.width if msg.records else shard.dim), dtype=np.float32)
@@ -255,13 +256,18 @@ class Node:
     def _tables_ids(self, tables: list, arrays) -> list:
         """[(shard, ids)] of a request naming `tables`, with one ids array each."""
         self._arrays(arrays, len(tables))
-        work = [(self._shard(t), ids) for t, ids in zip(tables, arrays)]
-        return [(shard, self._ids(shard, ids)) for shard, ids in work]
+        shards = [self._shard(t) for t in tables]
+        return list(zip(shards, self._ids_many(shards, arrays)))
+
+    @staticmethod
+    def _ids_many(shards, arrays) -> list:
+        return validate.ids_many([s.spec.name for s in shards], arrays, [s.spec.num_rows for s in shards])
 
     @staticmethod
     def _need_rebuilt(work) -> None:
         """Refuse a request touching rows not rebuilt yet, naming those of every table at once."""
-        missing = {shard.spec.name: m for shard, ids in work if (m := shard.unrebuilt(ids)).size}
+        missing = {shard.spec.name: m for shard, ids in work
+                   if shard.missing_data is not None and (m := shard.unrebuilt(ids)).size}
         if missing:
             raise NotRebuilt.of(missing)
 
@@ -296,19 +302,19 @@ class Node:
         self._arrays(arrays, 2 * len(parts))
         if len({str(table) for table, _ in parts}) != len(parts):
             raise InvalidRequest("a write names a table twice")
-        work = []
+        kept = []
         for n, (table, kind) in enumerate(parts):
             if dropped_ok and isinstance(table, str) and table in self.dropped and table not in self.shards:
                 continue
             shard = self._shard(table)
             if kind not in WRITES:
                 raise InvalidRequest(f"table {table!r}: unknown write {kind!r}")
-            ids = self._ids(shard, arrays[2 * n])
-            validate.unique(shard.spec.name, ids)
-            values = validate.rows(shard.spec.name, arrays[2 * n + 1], ids.size,
-                                   shard.width if kind == "records" else shard.dim, WRITES[kind])
-            work.append((shard, kind, ids, values))
-        return work
+            kept.append((n, shard, kind))
+        checked = self._ids_many([shard for _, shard, _ in kept], [arrays[2 * n] for n, _, _ in kept])
+        validate.unique_many([shard.spec.name for _, shard, _ in kept], checked)
+        return [(shard, kind, ids, validate.rows(shard.spec.name, arrays[2 * n + 1], ids.size,
+                                                 shard.width if kind == "records" else shard.dim, WRITES[kind]))
+                for (n, shard, kind), ids in zip(kept, checked)]
 
     @staticmethod
     def _updates(work, finite: bool = False) -> list:

@@ -153,9 +153,10 @@ class Shard:
             return np.zeros(ids.size, dtype=bool)
         return self.missing_data[self.local(ids, rebuilt=False)]
 
-    def read(self, ids, committed=False, records=False) -> np.ndarray:
-        """Weights (or whole records) of rows; `committed`: as of the open window's start."""
-        local = self.local(ids)
+    def read(self, ids, committed=False, records=False, local=None) -> np.ndarray:
+        """Weights (or whole records) of rows; `committed`: as of the open window's start; `local`: the ids'
+        `local` offsets, if known."""
+        local = self.local(ids) if local is None else local
         self._compute(local)
         if committed:
             out = self.window.committed(local, self.records)
@@ -305,13 +306,14 @@ def updated_many(work: list, finite: bool = False) -> list:
     for n, (shard, kind, _, _) in enumerate(work):
         opt = shard.optimizer
         groups.setdefault((kind, shard.dim, shard.width, opt.name, opt.lr, opt.eps), []).append(n)
+    located = local_many([(shard, ids) for shard, _, ids, _ in work])
     for (kind, dim, *_), members in groups.items():
         locals_, olds = [], []
         for n in members:
-            shard, _, ids, _ = work[n]
-            locals_.append(shard.local(ids))
-            shard._compute(locals_[-1])
-            olds.append(np.take(shard.records, locals_[-1], axis=0))
+            shard = work[n][0]
+            locals_.append(located[n])
+            shard._compute(located[n])
+            olds.append(np.take(shard.records, located[n], axis=0))
         rows = np.concatenate(olds)  # a copy of what was gathered: no second gather of scattered rows
         values = np.concatenate([work[n][3] for n in members]) if len(members) > 1 else work[members[0]][3]
         write_rows(work[members[0]][0].optimizer, kind, rows, values, dim)
@@ -322,3 +324,20 @@ def updated_many(work: list, finite: bool = False) -> list:
             for n in members:  # name the first table it happened in
                 validate.finite_result(work[n][0].spec.name, kind, work[n][2], out[n][2])
     return out
+
+
+def local_many(work: list) -> list:
+    """`Shard.local` of each (shard, ids) of `work`, shards of one node: the placement math of all in one
+    vectorised pass (`Layout.of_rows`)."""
+    if len(work) < 2:
+        return [shard.local(ids) for shard, ids in work]
+    counts = [ids.size for _, ids in work]
+    ids = np.concatenate([ids for _, ids in work])
+    layout = Layout.of_rows([shard.layout for shard, _ in work], counts)
+    if (layout.data_node(ids) != work[0][0].node).any():
+        return [shard.local(ids) for shard, ids in work]  # names the table and the row
+    local = np.split(layout.data_offset(ids), np.cumsum(counts)[:-1].tolist())
+    for (shard, ids), mine in zip(work, local):
+        if shard.missing_data is not None and shard.missing_data[mine].any():
+            raise NotRebuilt(shard.spec.name, ids[shard.missing_data[mine]])
+    return local
