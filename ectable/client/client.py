@@ -263,13 +263,14 @@ class Client:
         for table, ids in self._check_many(batch).items():
             spec, _ = self._table(table)
             flat, shape = validate.shaped_ids(table, ids, spec.num_rows)
-            if validate.ascending(flat):  # unique already: as the PyTorch adapter sends them
-                uniq, inverse = flat, np.arange(flat.size)
+            if validate.ascending(flat):  # unique already, as the PyTorch adapter sends them: no expansion
+                uniq, inverse = flat, None
             else:
                 uniq, inverse = np.unique(flat, return_inverse=True)
                 self._read_ids[table] = (flat.copy(), uniq, inverse.reshape(-1))  # the gradients' ids, usually
+                inverse = inverse.reshape(shape)
             width = spec.width if records else spec.dim
-            plan[table] = (uniq, inverse.reshape(shape), np.empty((uniq.size, width), dtype=np.float32))
+            plan[table] = (uniq, (inverse, shape), np.empty((uniq.size, width), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
         done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], records=records,
                                             partial=self.cluster.state(p) == "rebuilding" or None,
@@ -283,7 +284,8 @@ class Client:
                 rows = self._read_node(p, {table: ids for table, ids, _ in ps}, records)
             for n, (table, _, where) in enumerate(ps):
                 plan[table][2][where] = rows[n]
-        return {table: rows[inverse] for table, (_, inverse, rows) in plan.items()}
+        return {table: rows.reshape(shape + rows.shape[1:]) if inverse is None else np.take(rows, inverse, axis=0)
+                for table, (_, (inverse, shape), rows) in plan.items()}  # np.take copies a row whole, indexing by item
 
     def _fill_in(self, p, ps: list, out: list, records: bool) -> list | None:
         """Rows of rebuilding node p's partial answer `out` (rows, then per table the ids it lacked), those it
