@@ -1,5 +1,6 @@
 """Hypothesis profiles, chosen by HYPOTHESIS_PROFILE: `ci` (make test; derandomized, so CI is repeatable),
 `dev` (the default: random, explores new cases) and `thorough`; and the etcd servers of the membership tests."""
+import concurrent.futures.thread
 import os
 import sys
 import threading
@@ -45,8 +46,11 @@ def no_thread_left():
 
 
 def _lives_on(thread: threading.Thread) -> bool:
-    """pyzmq's collector of zero-copy frames: one per process, started by the first such send."""
-    return type(thread).__module__ == "zmq.utils.garbage"
+    """pyzmq's collector of zero-copy frames: one per process, started by the first such send; and the
+    workers of a library's process-wide thread pool (torch keeps one from its import on, which once in a
+    while starts its threads during the PyTorch tests). ectable itself starts no thread pool."""
+    return (type(thread).__module__ == "zmq.utils.garbage"
+            or getattr(thread, "_target", None) is concurrent.futures.thread._worker)
 
 
 def _etcd():
