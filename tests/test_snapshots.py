@@ -21,8 +21,8 @@ def shard() -> Shard:
 def write(s: Shard, ids: np.ndarray, seed: int) -> None:
     ids = np.unique(ids)
     grads = np.random.default_rng(seed).normal(size=(ids.size, DIM)).astype(np.float32)
-    (update,) = updated_many([(s, "apply_gradient", ids, grads)])
-    s.commit(*update)
+    ((local, old, rows),) = updated_many([(s, "apply_gradient", ids, grads)])
+    s.commit(local, old, rows)
 
 
 def owned(s: Shard) -> np.ndarray:

@@ -16,7 +16,7 @@ def test_window_keeps_each_rows_delta_since_it_opened_and_drains_each_row_once(w
         for x in local:
             first.setdefault(int(x), records[x].copy())
         new = records[local] * 3 + 100 + step
-        w.record(local, records[local].view(np.uint32) ^ new.view(np.uint32))
+        w.record(local, records[local], new)
         records[local] = new
         np.testing.assert_array_equal(w.committed(np.arange(20), records)[sorted(first)],
                                       np.array([first[x] for x in sorted(first)]).reshape(-1, 2))
@@ -184,7 +184,7 @@ def test_the_window_flags_also_track_rows_written_since_each_checkpoint(events, 
             since_full = set() if event == "full" else since_full
         else:
             local = np.array(event, dtype=np.int64)
-            w.record(local, records[local].view(np.uint32) ^ (records[local] + n + 1).view(np.uint32))
+            w.record(local, records[local], records[local] + n + 1)
             records[local] += n + 1
             window, since_ckpt, since_full = window | set(event), since_ckpt | set(event), since_full | set(event)
             ever = ever | set(event)

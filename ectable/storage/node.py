@@ -326,8 +326,8 @@ class Node:
         """Install a write's `_updates` as this node's next write; its sequence number."""
         if self.write_seq == self.closed_upto:
             self.window_opened = self.clock()  # the window's age counts from its first write
-        for shard, *update in updates:
-            shard.commit(*update)
+        for shard, local, old, rows in updates:
+            shard.commit(local, old, rows)
         self.write_seq += 1
         if cid is not None:
             self.writer_seen[writer_of(cid)] = self.clock()

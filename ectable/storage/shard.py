@@ -163,12 +163,12 @@ class Shard:
             return out if records else np.ascontiguousarray(out[:, : self.dim])
         return np.take(self.records, local, axis=0) if records else self.records[local, : self.dim]  # one gather
 
-    def commit(self, local, old, rows, change) -> None:
+    def commit(self, local, old, rows) -> None:
         """Install new records `rows` of local rows whose records are `old` (from `updated_many`, nothing written
-        since; `change`: old ^ rows as uint32), adding their changes to the window."""
+        since), adding their changes to the window."""
         for frozen in self.frozen:
             frozen.save(local)
-        self.window.record(local, change)
+        self.window.record(local, old, rows)
         put_rows(self.records, local, rows)
 
     # -- parity rows -----------------------------------------------------
@@ -298,28 +298,28 @@ class Shard:
 def updated_many(work: list, finite: bool = False) -> list:
     """Several writes [(shard, kind, ids, values)], each a "put" of weights, an "apply_gradient" of gradients
     or a "records" write, computed but not applied (see `Shard.commit`): [(local offsets, records now, new
-    records, their XOR as uint32)] each. The writes of one kind to tables of one optimizer and record width
-    take one optimizer step together (per-table calls, not rows, were most of what a node spent on a
-    many-table write). With `finite`, InvalidRequest (`validate.finite_result`) if a new record is not finite."""
+    records)] each. The writes of one kind to tables of one optimizer and record width take one optimizer
+    step together (per-table calls, not rows, were most of what a node spent on a many-table write). With
+    `finite`, InvalidRequest (`validate.finite_result`) if a new record is not finite."""
     out: list = [None] * len(work)
     groups: dict = {}
     for n, (shard, kind, _, _) in enumerate(work):
         opt = shard.optimizer
         groups.setdefault((kind, shard.dim, shard.width, opt.name, opt.lr, opt.eps), []).append(n)
     located = local_many([(shard, ids) for shard, _, ids, _ in work])
-    for (kind, dim, width, *_), members in groups.items():
-        bounds = np.cumsum([0] + [located[n].size for n in members]).tolist()
-        olds = np.empty((bounds[-1], width), dtype=np.float32)
-        for n, a, b in zip(members, bounds, bounds[1:]):
+    for (kind, dim, *_), members in groups.items():
+        locals_, olds = [], []
+        for n in members:
             shard = work[n][0]
+            locals_.append(located[n])
             shard._compute(located[n])
-            np.take(shard.records, located[n], axis=0, out=olds[a:b])
-        rows = olds.copy()
+            olds.append(np.take(shard.records, located[n], axis=0))
+        rows = np.concatenate(olds)  # a copy of what was gathered: no second gather of scattered rows
         values = np.concatenate([work[n][3] for n in members]) if len(members) > 1 else work[members[0]][3]
         write_rows(work[members[0]][0].optimizer, kind, rows, values, dim)
-        change = olds.view(np.uint32) ^ rows.view(np.uint32)  # what the window adds to the rows' deltas
-        for n, a, b in zip(members, bounds, bounds[1:]):
-            out[n] = (located[n], olds[a:b], rows[a:b], change[a:b])
+        news = np.split(rows, np.cumsum([old.shape[0] for old in olds])[:-1].tolist())
+        for n, local, old, new in zip(members, locals_, olds, news):
+            out[n] = (local, old, new)
         if finite and not np.isfinite(rows).all():
             for n in members:  # name the first table it happened in
                 validate.finite_result(work[n][0].spec.name, kind, work[n][2], out[n][2])

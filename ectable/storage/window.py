@@ -35,11 +35,12 @@ class Window:
     def __len__(self):
         return self.size
 
-    def record(self, local: np.ndarray, change: np.ndarray) -> None:
-        """Unique rows `local` change by `change` (old ^ new record bits, uint32 [n, width]): add to their deltas."""
-        flags = np.take(self.dirty, local)
+    def record(self, local: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
+        """Unique rows `local` change from records `old` to `new` (float32 [n, width]): add to their deltas."""
+        change = old.view(np.uint32) ^ new.view(np.uint32)
+        flags = self.dirty[local]
         self.dirty[local] = flags | (IN_WINDOW | CHECKPOINT_BITS | SINCE_COPY)
-        again = (flags & IN_WINDOW).view(bool)
+        again = (flags & IN_WINDOW).astype(bool)
         if again.any():  # written before in this window: the deltas add up
             self._delta[self._slots(local[again])] ^= change[again]
             local, change = local[~again], change[~again]
