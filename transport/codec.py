@@ -60,13 +60,22 @@ def _wire_dtype(arr: np.ndarray) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(arr, dtype=DTYPES[code]), code
 
 
+LIMIT = 1 << 40  # of a dimension or an offset
+
+
 def _descriptor(desc) -> tuple[np.dtype, tuple, int | None]:
-    if not (isinstance(desc, list) and len(desc) in (2, 3) and isinstance(desc[0], str) and desc[0] in DTYPES
-            and isinstance(desc[1], list)
-            and len(desc[1]) <= MAX_DIMS and all(isinstance(d, int) and 0 <= d < 1 << 40 for d in desc[1])
-            and (len(desc) == 2 or (isinstance(desc[2], int) and 0 <= desc[2] < 1 << 40 and desc[2] % ALIGN == 0))):
-        raise Malformed(f"bad array descriptor {desc!r}"[:200])
-    return DTYPES[desc[0]], tuple(desc[1]), desc[2] if len(desc) == 3 else None
+    """(dtype, shape, offset or None) of a descriptor; Malformed unless it is [code, [dims], offset?] with
+    a known code, at most MAX_DIMS ints in [0, LIMIT) and an ALIGN-aligned int offset in [0, LIMIT)."""
+    if type(desc) is list and 2 <= len(desc) <= 3:  # the checks of one descriptor a write sends tens of
+        dtype, shape = DTYPES.get(desc[0]) if type(desc[0]) is str else None, desc[1]
+        if dtype is not None and type(shape) is list and len(shape) <= MAX_DIMS and all(
+                type(d) is int and 0 <= d < LIMIT for d in shape):
+            if len(desc) == 2:
+                return dtype, tuple(shape), None
+            offset = desc[2]
+            if type(offset) is int and 0 <= offset < LIMIT and offset % ALIGN == 0:
+                return dtype, tuple(shape), offset
+    raise Malformed(f"bad array descriptor {desc!r}"[:200])
 
 
 def decode(frames) -> tuple[dict, list]:
@@ -94,14 +103,16 @@ def decode(frames) -> tuple[dict, list]:
     pack, large = (bufs[0] if packed else None), iter(bufs[packed:])
     arrays = []
     for dtype, shape, offset in descs:
-        nbytes = math.prod(shape) * dtype.itemsize
+        count = math.prod(shape)
+        nbytes = count * dtype.itemsize
         if offset is None:
             buf = next(large)
             if nbytes != len(buf):
                 raise Malformed(f"array frame of {len(buf)} bytes does not hold {dtype.str}{list(shape)}")
-            arrays.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
+            array = np.frombuffer(buf, dtype=dtype)
         else:
             if offset + nbytes > len(pack):
                 raise Malformed(f"array at {offset} of {nbytes} bytes overruns the shared frame of {len(pack)}")
-            arrays.append(np.frombuffer(pack, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape))
+            array = np.frombuffer(pack, dtype=dtype, count=count, offset=offset)
+        arrays.append(array if len(shape) == 1 else array.reshape(shape))
     return header, arrays
