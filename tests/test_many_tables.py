@@ -1,10 +1,11 @@
 """The checks and placement math of a request naming many tables, done in one pass over all of them, say and
 return exactly what the same done table by table says and returns: the same arrays, the same errors, naming
-the same table."""
+the same table. On a node (the ids' checks, their local offsets) and on the client (their routing to nodes)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import ectable
 from ectable.codes import get_code
 from ectable.errors import Error
 from ectable.layout import Layout, table_offset
@@ -92,3 +93,35 @@ def test_a_row_of_another_node_in_the_second_table_is_refused_by_that_tables_nam
     wrong = np.flatnonzero(second.layout.data_node(np.arange(40)) != 0)[:1]
     with pytest.raises(Error, match=f"table 't1': row {wrong[0]} does not live on node 0"):
         local_many([(first, ok), (second, wrong)])
+
+
+@pytest.fixture(scope="module")
+def client():
+    with ectable.LocalCluster(nodes=NODES, code="xor", k=3, r=1, processes=False) as cluster:
+        client = cluster.connect()
+        for n, rows in enumerate([50, 7, 400]):
+            client.create_table(f"t{n}", num_rows=rows, dim=2)
+        yield client
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_ids_of_many_tables_are_routed_to_nodes_as_one_by_one(client, data):
+    """A client's routing (`_parts`) of many tables' ids, in any order and with repeats: for each node, the
+    tables in the order given, each with its ids for that node in their order and where they sat."""
+    batch = {}
+    for n in data.draw(st.permutations(range(3))):
+        if data.draw(st.booleans()):
+            rows = client._table(f"t{n}")[0].num_rows
+            batch[f"t{n}"] = np.array(data.draw(st.lists(st.integers(0, rows - 1), max_size=30)), dtype=np.int64)
+    want: dict = {}
+    for table, ids in batch.items():
+        for p, where in client._by_node(client._table(table)[1], ids):
+            want.setdefault(p, []).append((table, ids[where], where))
+    got = client._parts(batch)
+    assert sorted(got) == sorted(want)
+    for p in want:
+        assert [t for t, _, _ in got[p]] == [t for t, _, _ in want[p]]
+        for (_, ids, where), (_, ids_want, where_want) in zip(got[p], want[p]):
+            np.testing.assert_array_equal(ids, ids_want)
+            np.testing.assert_array_equal(where, where_want)

@@ -5,9 +5,10 @@ import functools
 
 import numpy as np
 
-from ..arrays import unique
+from ..arrays import put_rows, unique
 from .. import clock
 from ..config import DEADLINE
+from ..layout import Layout
 from ..errors import (Error, HandingOver, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable,
                       WritesLost)
 from .checkpoints import Checkpoints, Restored, export
@@ -283,7 +284,7 @@ class Client:
             if rows is None:
                 rows = self._read_node(p, {table: ids for table, ids, _ in ps}, records)
             for n, (table, _, where) in enumerate(ps):
-                plan[table][2][where] = rows[n]
+                put_rows(plan[table][2], where, rows[n])
         return {table: rows.reshape(shape + rows.shape[1:]) if inverse is None else np.take(rows, inverse, axis=0)
                 for table, (_, (inverse, shape), rows) in plan.items()}  # np.take copies a row whole, indexing by item
 
@@ -413,7 +414,7 @@ class Client:
             if states[p] == "dead":
                 for table, ids, _ in ps:
                     self.repair.check(table, ids, states)
-        writes = {p: [(table, batch[table][0], ids, batch[table][2][where]) for table, ids, where in ps]
+        writes = {p: [(table, batch[table][0], ids, np.take(batch[table][2], where, axis=0)) for table, ids, where in ps]
                   for p, ps in parts.items()}
         entries = {p: self._logged(p, w) for p, w in writes.items() if states[p] != "dead"}
         try:
@@ -499,11 +500,26 @@ class Client:
             raise
 
     def _parts(self, ids_by_table: dict) -> dict:
-        """{node: [(table, ids, indices into that table's ids)]}."""
+        """{node: [(table, ids, indices into that table's ids)]}, tables in the order given, each table's ids
+        in theirs; the ids of all tables routed in one vectorised pass."""
+        tables, arrays = list(ids_by_table), list(ids_by_table.values())
+        layouts = [self._table(table)[1] for table in tables]
         parts: dict[int, list] = {}
-        for table, ids in ids_by_table.items():
-            for p, where in self._by_node(self._table(table)[1], ids):
-                parts.setdefault(p, []).append((table, ids[where], where))
+        if len(tables) < 2:
+            for table, ids, layout in zip(tables, arrays, layouts):
+                for p, where in self._by_node(layout, ids):
+                    parts.setdefault(p, []).append((table, ids[where], where))
+            return parts
+        counts = [ids.size for ids in arrays]
+        first = np.repeat(np.cumsum([0] + counts[:-1]), counts)  # each id's table's first id
+        key = Layout.of_rows(layouts, counts).data_node(np.concatenate(arrays)) * len(tables) + \
+            np.repeat(np.arange(len(tables)), counts)  # node, then table
+        order = np.argsort(key, kind="stable")
+        bounds = np.searchsorted(key[order], np.arange(self.nodes * len(tables) + 1)).tolist()
+        ids, where = np.concatenate(arrays)[order], order - first[order]
+        for cell in np.flatnonzero(np.diff(bounds)).tolist():  # the (node, table) pairs with ids
+            a, b = bounds[cell], bounds[cell + 1]
+            parts.setdefault(cell // len(tables), []).append((tables[cell % len(tables)], ids[a:b], where[a:b]))
         return parts
 
     def _fan_out(self, requests: dict, entries: dict | None = None) -> dict:
