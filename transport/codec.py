@@ -38,7 +38,7 @@ def encode(header: dict, arrays) -> list:
         nbytes = arr.nbytes
         if nbytes < PACK_BELOW:
             descs.append([code, list(arr.shape), at])
-            small.append(arr.reshape(-1).view(np.uint8))
+            small.append(arr)  # its bytes, as `bytes.join` reads a C-contiguous array
             padded = -(-nbytes // ALIGN) * ALIGN
             if padded != nbytes:
                 small.append(_ZEROS[: padded - nbytes])
@@ -66,7 +66,7 @@ LIMIT = 1 << 40  # of a dimension or an offset
 def _descriptor(desc) -> tuple[np.dtype, tuple, int | None]:
     """(dtype, shape, offset or None) of a descriptor; Malformed unless it is [code, [dims], offset?] with
     a known code, at most MAX_DIMS ints in [0, LIMIT) and an ALIGN-aligned int offset in [0, LIMIT)."""
-    if type(desc) is list and 2 <= len(desc) <= 3:  # the checks of one descriptor a write sends tens of
+    if type(desc) is list and 2 <= len(desc) <= 3:  # exact types, few calls: a write carries tens of these
         dtype, shape = DTYPES.get(desc[0]) if type(desc[0]) is str else None, desc[1]
         if dtype is not None and type(shape) is list and len(shape) <= MAX_DIMS and all(
                 type(d) is int and 0 <= d < LIMIT for d in shape):

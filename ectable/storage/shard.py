@@ -308,18 +308,17 @@ def updated_many(work: list, finite: bool = False) -> list:
         groups.setdefault((kind, shard.dim, shard.width, opt.name, opt.lr, opt.eps), []).append(n)
     located = local_many([(shard, ids) for shard, _, ids, _ in work])
     for (kind, dim, *_), members in groups.items():
-        locals_, olds = [], []
+        olds = []
         for n in members:
             shard = work[n][0]
-            locals_.append(located[n])
             shard._compute(located[n])
             olds.append(np.take(shard.records, located[n], axis=0))
         rows = np.concatenate(olds)  # a copy of what was gathered: no second gather of scattered rows
         values = np.concatenate([work[n][3] for n in members]) if len(members) > 1 else work[members[0]][3]
         write_rows(work[members[0]][0].optimizer, kind, rows, values, dim)
         news = np.split(rows, np.cumsum([old.shape[0] for old in olds])[:-1].tolist())
-        for n, local, old, new in zip(members, locals_, olds, news):
-            out[n] = (local, old, new)
+        for n, old, new in zip(members, olds, news):
+            out[n] = (located[n], old, new)
         if finite and not np.isfinite(rows).all():
             for n in members:  # name the first table it happened in
                 validate.finite_result(work[n][0].spec.name, kind, work[n][2], out[n][2])
