@@ -66,6 +66,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) -m bench.node_time --scale $(SCALE)
 	$(PY) -m bench.client_time --scale $(SCALE)
 	$(PY) -m bench.call_time --scale $(SCALE)
+	$(PY) -m bench.codec_time
 	$(PY) -m bench.quantize
 	$(PY) -m bench.checkpoint $(CKPT_ARGS)
 	$(PY) -m bench.checkpoint $(CKPT_TRAINED_ARGS) --trained
