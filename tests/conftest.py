@@ -1,6 +1,5 @@
 """Hypothesis profiles, chosen by HYPOTHESIS_PROFILE: `ci` (make test; derandomized, so CI is repeatable),
 `dev` (the default: random, explores new cases) and `thorough`; and the etcd servers of the membership tests."""
-import concurrent.futures.thread
 import os
 import sys
 import threading
@@ -47,10 +46,10 @@ def no_thread_left():
 
 def _lives_on(thread: threading.Thread) -> bool:
     """pyzmq's collector of zero-copy frames: one per process, started by the first such send; and the
-    workers of a library's process-wide thread pool (torch keeps one from its import on, which once in a
-    while starts its threads during the PyTorch tests). ectable itself starts no thread pool."""
-    return (type(thread).__module__ == "zmq.utils.garbage"
-            or getattr(thread, "_target", None) is concurrent.futures.thread._worker)
+    workers of torch's process-wide thread pool (made at its import, its threads started by its first task:
+    once in a while during the PyTorch tests, and then left idle for the process)."""
+    torch_pool = getattr(sys.modules.get("torch.utils._functools"), "_prefetch_executor", None)
+    return type(thread).__module__ == "zmq.utils.garbage" or thread in getattr(torch_pool, "_threads", ())
 
 
 def _etcd():

@@ -510,13 +510,13 @@ class Client:
                 for p, where in self._by_node(layout, ids):
                     parts.setdefault(p, []).append((table, ids[where], where))
             return parts
-        counts = [ids.size for ids in arrays]
+        counts, flat = [ids.size for ids in arrays], np.concatenate(arrays)
         first = np.repeat(np.cumsum([0] + counts[:-1]), counts)  # each id's table's first id
-        key = Layout.of_rows(layouts, counts).data_node(np.concatenate(arrays)) * len(tables) + \
+        key = Layout.of_rows(layouts, counts).data_node(flat) * len(tables) + \
             np.repeat(np.arange(len(tables)), counts)  # node, then table
         order = np.argsort(key, kind="stable")
         bounds = np.searchsorted(key[order], np.arange(self.nodes * len(tables) + 1)).tolist()
-        ids, where = np.concatenate(arrays)[order], order - first[order]
+        ids, where = flat[order], order - first[order]
         for cell in np.flatnonzero(np.diff(bounds)).tolist():  # the (node, table) pairs with ids
             a, b = bounds[cell], bounds[cell + 1]
             parts.setdefault(cell // len(tables), []).append((tables[cell % len(tables)], ids[a:b], where[a:b]))

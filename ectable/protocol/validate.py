@@ -40,8 +40,8 @@ def ids_many(tables: list, values: list, num_rows: list) -> list:
 
 
 def unique_many(tables: list, arrays: list) -> None:
-    """`unique` of several tables' ids; ids ascending within each table (as clients send them) are checked in
-    one pass over all."""
+    """`unique` of several tables' ids; ids ascending within each table (as a client's `apply_gradient` sends
+    them, coalesced) are checked in one pass over all, others (a put's, in the caller's order) table by table."""
     if arrays:
         flat = np.concatenate(arrays)
         up = flat[1:] > flat[:-1]

@@ -295,8 +295,9 @@ class Node:
                 and msg.cseq <= self.client_marks.get(msg.cid, 0))
 
     def _writes(self, parts, arrays, dropped_ok: bool = False) -> list:
-        """[(shard, kind, ids, values)] of a write's parts and arrays, all checked; with `dropped_ok`, parts
-        for tables dropped here are left out (a replay of writes to a table dropped since)."""
+        """[(shard, kind, ids, values)] of a write's parts and arrays, all checked (a request with several faults
+        is refused for the first found: tables and kinds, then ids, then duplicates, then values); with
+        `dropped_ok`, parts for tables dropped here are left out (a replay of writes to a table dropped since)."""
         if not isinstance(parts, list) or not all(isinstance(x, list) and len(x) == 2 for x in parts):
             raise InvalidRequest("write needs parts [[table, kind], ...]")
         self._arrays(arrays, 2 * len(parts))

@@ -155,7 +155,7 @@ class Shard:
 
     def read(self, ids, committed=False, records=False, local=None) -> np.ndarray:
         """Weights (or whole records) of rows; `committed`: as of the open window's start; `local`: the ids'
-        `local` offsets, if known."""
+        offsets as `local` (or `local_many`) gave them, checked already."""
         local = self.local(ids) if local is None else local
         self._compute(local)
         if committed:
@@ -337,6 +337,6 @@ def local_many(work: list) -> list:
         return [shard.local(ids) for shard, ids in work]  # names the table and the row
     local = np.split(layout.data_offset(ids), np.cumsum(counts)[:-1].tolist())
     for (shard, ids), mine in zip(work, local):
-        if shard.missing_data is not None and shard.missing_data[mine].any():
-            raise NotRebuilt(shard.spec.name, ids[shard.missing_data[mine]])
+        if shard.missing_data is not None and (missing := shard.missing_data[mine]).any():
+            raise NotRebuilt(shard.spec.name, ids[missing])
     return local
