@@ -505,10 +505,7 @@ class Client:
         tables, arrays = list(ids_by_table), list(ids_by_table.values())
         layouts = [self._table(table)[1] for table in tables]
         parts: dict[int, list] = {}
-        if len(tables) < 2:
-            for table, ids, layout in zip(tables, arrays, layouts):
-                for p, where in self._by_node(layout, ids):
-                    parts.setdefault(p, []).append((table, ids[where], where))
+        if not tables:
             return parts
         counts, flat = [ids.size for ids in arrays], np.concatenate(arrays)
         first = np.repeat(np.cumsum([0] + counts[:-1]), counts)  # each id's table's first id

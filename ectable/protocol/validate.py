@@ -32,7 +32,7 @@ def ids(table: str, value, num_rows: int) -> np.ndarray:
 def ids_many(tables: list, values: list, num_rows: list) -> list:
     """`ids` of several tables at once (`values[t]` of `tables[t]`, which has `num_rows[t]` rows): the
     ranges of all are checked in one pass; a failure is named as `ids` names it."""
-    if len(values) > 1 and all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == np.int64 for v in values):
+    if values and all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == np.int64 for v in values):
         limit = np.repeat(np.array(num_rows, dtype=np.uint64), [v.size for v in values])
         if not (np.concatenate(values).view(np.uint64) >= limit).any():  # a negative id is a huge unsigned one
             return list(values)

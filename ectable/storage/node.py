@@ -266,8 +266,7 @@ class Node:
     @staticmethod
     def _need_rebuilt(work) -> None:
         """Refuse a request touching rows not rebuilt yet, naming those of every table at once."""
-        missing = {shard.spec.name: m for shard, ids in work
-                   if shard.missing_data is not None and (m := shard.unrebuilt(ids)).size}
+        missing = {shard.spec.name: m for shard, ids in work if (m := shard.unrebuilt(ids)).size}
         if missing:
             raise NotRebuilt.of(missing)
 

@@ -145,7 +145,7 @@ class Shard:
 
     def unrebuilt(self, ids: np.ndarray) -> np.ndarray:
         """The ids (owned here, which is checked only while rows are missing) whose rows are not rebuilt yet."""
-        return ids[self.lacks(ids)]
+        return ids[:0] if self.missing_data is None else ids[self.lacks(ids)]
 
     def lacks(self, ids: np.ndarray) -> np.ndarray:
         """Per id of `ids` (as `unrebuilt`): whether its row is not rebuilt yet."""
@@ -328,8 +328,8 @@ def updated_many(work: list, finite: bool = False) -> list:
 def local_many(work: list) -> list:
     """`Shard.local` of each (shard, ids) of `work`, shards of one node: the placement math of all in one
     vectorised pass (`Layout.of_rows`)."""
-    if len(work) < 2:
-        return [shard.local(ids) for shard, ids in work]
+    if not work:
+        return []
     counts = [ids.size for _, ids in work]
     ids = np.concatenate([ids for _, ids in work])
     layout = Layout.of_rows([shard.layout for shard, _ in work], counts)
