@@ -45,11 +45,8 @@ def no_thread_left():
 
 
 def _lives_on(thread: threading.Thread) -> bool:
-    """pyzmq's collector of zero-copy frames: one per process, started by the first such send; and the
-    workers of torch's process-wide thread pool (made at its import, its threads started by its first task:
-    once in a while during the PyTorch tests, and then left idle for the process)."""
-    torch_pool = getattr(sys.modules.get("torch.utils._functools"), "_prefetch_executor", None)
-    return type(thread).__module__ == "zmq.utils.garbage" or thread in getattr(torch_pool, "_threads", ())
+    """pyzmq's collector of zero-copy frames: one per process, started by the first such send."""
+    return type(thread).__module__ == "zmq.utils.garbage"
 
 
 def _etcd():

@@ -15,6 +15,15 @@ DIM = 8
 LR = 0.05
 
 
+@pytest.fixture(autouse=True, scope="module")
+def compile_in_the_calling_thread():
+    """Inductor compiles in the thread that calls it: with a cold cache (a fresh machine) it would otherwise
+    start a pool of compile threads that outlives the module."""
+    import torch._inductor.config as inductor
+    with inductor.patch(compile_threads=1):
+        yield
+
+
 @pytest.fixture
 def cluster():
     with ectable.LocalCluster(nodes=5, code="xor", k=4, processes=False) as c:
