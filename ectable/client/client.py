@@ -105,7 +105,7 @@ class Client:
         self.repair = Repair(self)
         self._checkpoints = Checkpoints(self)
         self.rebuild_budget = REBUILD_BUDGET
-        self._steps: dict = {}  # step requests whose replies are not collected yet
+        self._steps: list = []  # (node, request, quiet): sent, their replies not collected yet (`_finish_steps`)
         self._step_due = False  # step() was called, its requests not sent yet (`step`)
         self._token = clock.token_hex(8)
         self.cid: str | None = None  # "writer/token" from its first write: names its writes in the nodes' deltas
@@ -295,7 +295,7 @@ class Client:
         rows, lacks = list(out[:len(ps)]), out[len(ps):]
         missing = {table: ids for (table, _, _), ids in zip(ps, lacks) if ids.size}
         try:
-            decoded = self.repair.rebuild_rows(p, missing)
+            decoded = self.repair.rebuild_rows(p, missing, wait=False)  # restored while the caller computes
         except (Error, _Moved):  # a node died or moved meanwhile: the slow path fails it over
             return None
         for n, (table, ids, _) in enumerate(ps):
@@ -591,21 +591,33 @@ class Client:
         self._step_due = False
         for p in positions:
             try:
-                self._steps[p] = self.cluster.channel(p).start(m.Step().header(), [])
+                self._steps.append((p, self.cluster.channel(p).start(m.Step().header(), []), False))
             except NodeDown:
                 self._lost(p)
         if wait:
             self._finish_steps()
 
+    def _send_later(self, p, header, arrays) -> None:
+        """Send node p a request whose reply the next request collects, and whose failure changes nothing
+        the caller relies on (a restore of rebuilt rows: rows it did not install are rebuilt again later)."""
+        try:
+            self._steps.append((p, self.cluster.channel(p).start(header, arrays), True))
+        except NodeDown:
+            self._lost(p)
+
     def _finish_steps(self) -> None:
-        steps, self._steps = self._steps, {}
-        for p, pending in steps.items():
+        """Collect the replies of requests sent ahead (`_close_windows`, `_send_later`)."""
+        steps, self._steps = self._steps, []
+        for p, pending, quiet in steps:
             try:
                 self._check_reply(p, *pending.wait(DEADLINE))
             except NodeDown:
                 self._lost(p)
             except (HandingOver, _Relaid):
                 pass  # the node that continues it starts with its window closed
+            except (Error, _Moved):
+                if not quiet:
+                    raise
 
     @_open
     def flush(self, timeout: float = DEADLINE) -> None:
@@ -806,7 +818,7 @@ class Client:
         self.config, self.nodes = config, config.nodes
         self._tables = {name: (spec, config.layout(spec)) for name, (spec, _) in self._tables.items()}
         self._sources = {}
-        self.repair, self._steps = Repair(self), {}
+        self.repair, self._steps = Repair(self), []
         self._checkpoints.relaid({p: self.cluster.source(p) for p in range(self.nodes)})
         self._cut_off()
 

@@ -310,12 +310,19 @@ class Repair:
             raise refused
 
     # -- rebuilding a replacement ----------------------------------------
-    def rebuild_rows(self, position: int, ids: dict) -> dict:
+    def rebuild_rows(self, position: int, ids: dict, wait: bool = True) -> dict:
         """Rebuild data rows ({table: ids}) of the node at `position` now (touched before their turn); returns
-        their records as decoded ({table: records})."""
+        their records as decoded ({table: records}). Unless `wait`, the restore is sent and its reply left
+        to the client's next request: a write the client sends the node after it finds the rows restored,
+        or, should the restore fail or come late, refused as not rebuilt (a restore never overwrites a row
+        already rebuilt)."""
         rows = self.read_many(ids, skip=position)
         header = RestoreRows(tables=list(ids), node=self._node(position)).header()
-        self.client._gather({(position,): (header, [a for table in ids for a in (ids[table], rows[table])])})
+        arrays = [a for table in ids for a in (ids[table], rows[table])]
+        if wait:
+            self.client._gather({(position,): (header, arrays)})
+        else:
+            self.client._send_later(position, header, arrays)
         return rows
 
     def _node(self, position: int) -> str | None:
