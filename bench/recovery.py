@@ -23,8 +23,10 @@ Three parts, all in one run, nodes as processes on loopback:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import os
+import pstats
 import tempfile
 import time
 
@@ -106,18 +108,24 @@ def part_size(sizes, out):
                              "pulling s", "MB/s pulling", "MB/s moved", "loopback MB/s", "decode MB/s"], rows_out)
 
 
-def train(client, work: Workload, compute, kill_at=None, cluster=None):
-    """Iteration times; with `kill_at`, SIGKILL node 2 before that iteration. Also the rebuild window."""
+def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=None):
+    """Iteration times; with `kill_at`, SIGKILL node 2 before that iteration. Also the rebuild window. With
+    `profile` (a cProfile.Profile), the trainer is profiled over the iterations that start with node 2 rebuilding."""
     times, rebuilding = [], []
     for n, batch in enumerate(work.batches):
         if n == kill_at:
             cluster.kill(2)
+        profiled = profile is not None and rebuilding and rebuilding[-1]
+        if profiled:
+            profile.enable()
         start = time.perf_counter()
         client.get_many(batch)
         time.sleep(compute)
         client.apply_gradient_many(work.gradients(batch))
         client.step()
         times.append(time.perf_counter() - start)
+        if profiled:
+            profile.disable()
         # as the client's map says (no request: one to the spare every iteration would slow training down)
         rebuilding.append(kill_at is not None and n >= kill_at and client.cluster.state(2) == "rebuilding")
     return np.array(times), np.array(rebuilding)
@@ -130,15 +138,17 @@ def phases(times: np.ndarray, rebuilding: np.ndarray, kill_at: int) -> tuple:
     return times[5:kill_at], times[kill_at], times[later][rebuilding[later]], times[later][~rebuilding[later]]
 
 
-def part_during(work: Workload, compute, shares, out):
-    """Training through a failure, once per rebuild share; returns the training time each failure cost."""
+def part_during(work: Workload, compute, shares, out, profile: bool = False):
+    """Training through a failure, once per rebuild share; returns the training time each failure cost. With
+    `profile`, prints the trainer's cProfile over the rebuild (per iteration, the calls of ectable's client)."""
     rows_out, series, lost = [], {}, {}
     for share in shares:
         cluster, client = make_cluster(work, share=share)
+        prof = cProfile.Profile() if profile else None
         with cluster:
             touch_all(client, work)
             kill_at = len(work.batches) // 6
-            times, rebuilding = train(client, work, compute, kill_at, cluster)
+            times, rebuilding = train(client, work, compute, kill_at, cluster, prof)
         before, first, during, after = phases(times, rebuilding, kill_at)
         lost[share] = first + during.sum() - (during.size + 1) * before.mean()  # training time the failure cost
         rate = 1 / before.mean()
@@ -149,12 +159,24 @@ def part_during(work: Workload, compute, shares, out):
         series[share] = {"times": times.tolist(), "rebuilding": rebuilding.tolist(), "kill_at": kill_at}
         print(f"  share {share}: the rebuild spanned {during.size} iterations ({during.sum():.2f} s); "
               f"the failure cost training {lost[share]:.2f} s", flush=True)
+        if prof is not None:
+            _print_profile(prof, int(rebuilding[:-1].sum()))  # those after an iteration that ended rebuilding
     out["during"] = series
     report("recovery_during", ["rebuild share", "it/s before", "failover it.", "during rebuild", "after",
                                "rebuild s", "training lost s"], rows_out,
            {"series": series, "table_rows": sum(work.sizes.values()), "workload": work.describe(),
             "compute_ms": compute * 1000})
     return lost
+
+
+def _print_profile(prof: cProfile.Profile, iterations: int) -> None:
+    """The client's calls over the profiled iterations, cumulative ms per iteration, largest first."""
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((cum, f"{os.path.basename(path)}:{line}({name})", calls) for (path, line, name), (_, calls, _, cum, _)
+                   in stats.items() if f"{os.sep}ectable{os.sep}client{os.sep}" in path), reverse=True)
+    print(f"  trainer, {iterations} iterations while rebuilding, ms per iteration (cumulative):")
+    for cum, where, calls in rows[:25]:
+        print(f"    {cum / max(iterations, 1) * 1000:8.2f}  {calls / max(iterations, 1):7.1f} calls  {where}")
 
 
 def part_checkpoint(work: Workload, intervals, compute, overhead, lost_training, out):
@@ -218,6 +240,7 @@ def main():
     parser.add_argument("--overhead", type=float, default=0.05,
                         help="parity's training overhead (bench.train_loop): adds the checkpoint interval that costs as much")
     parser.add_argument("--parts", nargs="+", default=["size", "during", "checkpoint"])
+    parser.add_argument("--profile", action="store_true", help="during: cProfile the trainer over each rebuild")
     args = parser.parse_args()
     out: dict = {}
     compute = args.compute_ms / 1000
@@ -225,7 +248,7 @@ def main():
         part_size(args.sizes, out)
     work = WORKLOADS[args.workload](args.iters, args.scale)
     print(work.describe())
-    lost = part_during(work, compute, args.shares, out) if "during" in args.parts else {}
+    lost = part_during(work, compute, args.shares, out, args.profile) if "during" in args.parts else {}
     if "checkpoint" in args.parts:
         part_checkpoint(dataclasses.replace(work, batches=work.batches[:30]), args.intervals, compute, args.overhead, min(lost.values(), default=None), out)
 
