@@ -603,7 +603,7 @@ class Client:
         try:
             self._steps.append((p, self.cluster.channel(p).start(header, arrays), True))
         except NodeDown:
-            self._lost(p)
+            pass  # the next request to p meets it
 
     def _finish_steps(self) -> None:
         """Collect the replies of requests sent ahead (`_close_windows`, `_send_later`)."""
