@@ -141,37 +141,6 @@ def test_a_rebuild_round_reads_fewer_rows_while_writes_keep_moving_its_stripes()
         np.testing.assert_array_equal(client.get("t", np.arange(40_000)), before)
 
 
-def test_a_rebuild_round_reads_a_slice_of_its_batch_while_clients_write_to_the_node():
-    """While clients write to the rebuilding node (its write_seq moved between two rounds), a round reads at most
-    `rebuild_batch / TRAINING_SLICE` rows, so that survivors serve training between short rebuild reads; once the
-    writes stop, rounds double back to `rebuild_batch`. Every row ends rebuilt, the writes in it."""
-    from ectable.process.rebuilder import MIN_BATCH, TRAINING_SLICE, RebuildRounds
-    full = 2 * TRAINING_SLICE * MIN_BATCH
-    part = full // TRAINING_SLICE
-    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False, rebuild_batch=full) as cluster:
-        client = cluster.connect()
-        client.create_table("t", num_rows=400_000, dim=2, init="normal", seed=6)
-        every = np.arange(400_000)
-        expected = client.get("t", every)
-        cluster.kill(2)
-        client.status()  # fails it over to the spare
-        rounds = RebuildRounds(client.cluster, 2, client.cluster.source(2))
-        mine = every[client._table("t")[1].data_node(every) == 2][:50]
-        batches = []
-        for n in range(5):
-            if n == 1:  # a write between the first round and the second
-                values = np.full((mine.size, 2), 7.0, dtype=np.float32)
-                client.put("t", mine, values)
-                expected[mine] = values
-            batches.append(rounds.batch)
-            assert rounds.round() is not None
-        assert batches == [full, full, part, 2 * part, 4 * part]
-        while rounds.round() is not None:
-            pass
-        assert client.status()["nodes"][2]["rebuild_missing"] == 0
-        np.testing.assert_array_equal(client.get("t", every), expected)
-
-
 def test_rebuild_streams_take_parts_of_their_own_then_help_from_the_far_end_and_rebuild_every_row():
     """A spare's streams of rounds (`rebuild_streams`) ask their node for disjoint parts of what it lacks: chunks of
     `rebuild_batch` local rows dealt in turn. A stream whose part is done takes rows from the far end of the rest,

@@ -33,7 +33,6 @@ class Repair:
         self._next_seq: dict[int, int] = {}
         self.patience: int | None = None  # reads of one cut before `Unsettled` (None: until its 30 s deadline)
         self.rereads = 0  # reads beyond the first of every cut so far
-        self.rebuilt_status: dict = {}  # the rebuilding node's status after the last `rebuild_step`
 
     def forget(self, position: int) -> None:
         """A new node took `position`: its delta sequence starts again."""
@@ -390,8 +389,7 @@ class Repair:
         parity = {table: arrays[2 * t + 1] for t, table in enumerate(reply["tables"]) if arrays[2 * t + 1].size}
         if parity:
             self._rebuild_parity(position, parity, generation)
-        self.rebuilt_status = self.client._call(position, Status().header(), [])[0]["status"]
-        left = self.rebuilt_status["rebuild_missing"]
+        left = self.client._call(position, Status().header(), [])[0]["status"]["rebuild_missing"]
         if left == 0:
             self.client.cluster.rebuilt(position)
         return left

@@ -22,7 +22,6 @@ from ..errors import Error, Unavailable
 
 MIN_BATCH = 1024  # fewest rows a round reads; it then waits for its stripes to settle however long they move
 PATIENCE = 3  # reads of one round's stripes before it gives up and the next round reads half as many
-TRAINING_SLICE = 8  # while clients write to the node, a round reads at most rebuild_batch / TRAINING_SLICE rows
 
 
 class RebuildRounds:
@@ -34,11 +33,8 @@ class RebuildRounds:
         self.client = Client(cluster)
         self.started = False  # the map names this identity at the position: rebuilding has begun
         # Rows a round asks for: halved after a round whose stripes writes moved on through PATIENCE reads (a
-        # smaller read is sooner done, so fewer windows close while it runs), doubled after one read once, up to
-        # `rebuild_batch`, or to a slice of it while clients write to the node (`training`): the survivors then
-        # serve training requests between short rebuild reads rather than behind long ones.
+        # smaller read is sooner done, so fewer windows close while it runs), doubled after one read once.
         self.batch = cluster.config.rebuild_batch
-        self._status, self._training = None, False  # the node's status after a round; clients write to it
 
     def round(self) -> float | None:
         """Rebuild one batch; seconds to rest before the next round, or None when there is nothing left
@@ -63,23 +59,12 @@ class RebuildRounds:
             self.batch = max(MIN_BATCH, self.batch // 2)
         else:
             if self.client.repair.rereads == rereads:
-                self.batch *= 2
-        self.batch = min(self.batch, self._most())
+                self.batch = min(cluster.config.rebuild_batch, 2 * self.batch)
         # Each of `parts` rounds running at once rests so that, as if independent, some round runs `rebuild_share`
         # of the time: 1 - (1 - duty) ** parts = share.
         share = min(max(cluster.config.rebuild_share, 0.01), 1.0)
         duty = 1 - (1 - share) ** (1 / self.part[1])
         return (clock.monotonic() - began) * (1 - duty) / duty
-
-    def _most(self) -> int:
-        """The most rows the next round may read: `rebuild_batch`, or a slice of it while clients write to the
-        node (its write_seq moved between the last two rounds that got as far as asking it)."""
-        status = self.client.repair.rebuilt_status
-        if status and status is not self._status:  # (empty: no round got that far yet)
-            self._training = self._status is not None and status.get("write_seq") != self._status.get("write_seq")
-            self._status = status
-        full = self.cluster.config.rebuild_batch
-        return min(full, max(MIN_BATCH, full // TRAINING_SLICE)) if self._training else full
 
 
 class Rebuilder(threading.Thread):
