@@ -172,6 +172,22 @@ def test_rebuild_streams_take_parts_of_their_own_then_help_from_the_far_end_and_
         check_parity(cluster, client)
 
 
+def test_rebuild_streams_asking_different_limits_get_disjoint_rows():
+    """A stream whose rounds shrank (writes moved its stripes) and one whose rounds did not are dealt chunks of
+    `rebuild_batch` rows all the same: they never rebuild the same rows at once. (Dealt in chunks of each
+    request's own limit, the second stream's first rows were the first stream's.)"""
+    from ectable.protocol.messages import Missing
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False, rebuild_batch=4096) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=200_000, dim=2, init="normal", seed=7)
+        cluster.kill(2)
+        client.status()  # fails it over to the spare
+        asked = [cluster.channel(2).call(Missing(limit=limit, part=part, parts=2).header(), [], 5.0)[1]
+                 for limit, part in ((4096, 0), (512, 1))]
+        assert asked[0][0].size == 4096 and asked[1][0].size == 512
+        assert not np.intersect1d(asked[0][0], asked[1][0]).size and not np.intersect1d(asked[0][1], asked[1][1]).size
+
+
 def test_a_bad_missing_request_to_a_rebuilding_node_changes_nothing():
     """A `missing` request with a bad part is refused before the node notes that its rebuilder began pulling
     (which the rebuild's reported rate counts from)."""

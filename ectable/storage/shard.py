@@ -270,14 +270,17 @@ class Shard:
             self.missing_parity = np.zeros(self.parity.shape[0], dtype=bool)
         self.missing_parity[local] = True
 
-    def missing(self, limit: int, part: int = 0, parts: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def missing(self, limit: int, part: int = 0, parts: int = 1, chunk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Up to `limit` data row ids and parity stripes still to rebuild, from part `part` of `parts` (the
-        local rows in chunks of `limit`, dealt in turn); once that part has none, from the far end of the rest."""
+        local rows in chunks of `chunk` rows, `limit` if not given, dealt in turn); once that part has none, from
+        the far end of the rest. Parts asked with one `chunk` never overlap, whatever their limits."""
+        chunk = max(chunk or limit, 1)
+
         def pick(missing: np.ndarray) -> np.ndarray:
             local = np.flatnonzero(missing)
             if parts == 1:
                 return local[:limit]
-            mine = local[(local // max(limit, 1)) % parts == part]
+            mine = local[(local // chunk) % parts == part]
             return mine[:limit] if mine.size else local[max(local.size - limit, 0):]
         data, parity = pick(self.missing_data), pick(self.missing_parity)
         return self.layout.data_ids(self.node, data), self.layout.parity_stripes(self.node, parity)[0]
