@@ -105,7 +105,7 @@ class Client:
         self.repair = Repair(self)
         self._checkpoints = Checkpoints(self)
         self.rebuild_budget = REBUILD_BUDGET
-        self._steps: list = []  # (node, request, quiet): sent, their replies not collected yet (`_finish_steps`)
+        self._ahead: list = []  # (node, request, quiet): sent ahead (steps, restores), replies not collected yet
         self._step_due = False  # step() was called, its requests not sent yet (`step`)
         self._token = clock.token_hex(8)
         self.cid: str | None = None  # "writer/token" from its first write: names its writes in the nodes' deltas
@@ -469,7 +469,7 @@ class Client:
 
         def attempt():
             nonlocal entry, degraded
-            self._finish_steps()  # may fail p over: before deciding, not between deciding and sending
+            self._collect_ahead()  # may fail p over: before deciding, not between deciding and sending
             state = self._state(p)  # `_Moved`: failed over (which takes its redo log), then tried again
             if state == "dead" and self.cluster.spares_left():
                 # a spare is on its way: write to it, not through the parity, which its rebuild may
@@ -523,7 +523,7 @@ class Client:
         """Send {node: (header, arrays)} to all live nodes at once; {node: result} of those that
         answered plainly ("write": its seq, else its arrays). The others are left to the slow path,
         and so are logged writes (`entries`) that a failover met on the way has replayed already."""
-        self._finish_steps()
+        self._collect_ahead()
         self._catch_up()  # a failover takes the logged writes of its position: they are replayed there
         pending, done = {}, {}
         for p, (header, arrays) in requests.items():
@@ -543,7 +543,7 @@ class Client:
     def _gather(self, requests: dict, timeout: float = DEADLINE) -> dict:
         """{(node, ...): (header, arrays)} sent all at once -> {key: (reply, arrays)}; once every reply is
         in, raises the first failure (NodeDown or NotRebuilt carry their position)."""
-        self._finish_steps()
+        self._collect_ahead()
         pending, out, failure = {}, {}, None
         for key, (header, arrays) in requests.items():
             try:
@@ -586,29 +586,29 @@ class Client:
     def _close_windows(self, wait: bool = False) -> None:
         """Ask every node to close its window; the replies are collected by the next request
         (so a node's closing overlaps the caller's own work), or now if `wait`."""
-        self._finish_steps()
+        self._collect_ahead()
         positions = self._positions()  # (`_Relaid`: the step stays due, for the call planned again)
         self._step_due = False
         for p in positions:
             try:
-                self._steps.append((p, self.cluster.channel(p).start(m.Step().header(), []), False))
+                self._ahead.append((p, self.cluster.channel(p).start(m.Step().header(), []), False))
             except NodeDown:
                 self._lost(p)
         if wait:
-            self._finish_steps()
+            self._collect_ahead()
 
     def _send_later(self, p, header, arrays) -> None:
         """Send node p a request whose reply the next request collects, and whose failure changes nothing
         the caller relies on (a restore of rebuilt rows: rows it did not install are rebuilt again later)."""
         try:
-            self._steps.append((p, self.cluster.channel(p).start(header, arrays), True))
+            self._ahead.append((p, self.cluster.channel(p).start(header, arrays), True))
         except NodeDown:
             pass  # the next request to p meets it
 
-    def _finish_steps(self) -> None:
+    def _collect_ahead(self) -> None:
         """Collect the replies of requests sent ahead (`_close_windows`, `_send_later`)."""
-        steps, self._steps = self._steps, []
-        for p, pending, quiet in steps:
+        sent, self._ahead = self._ahead, []
+        for p, pending, quiet in sent:
             try:
                 self._check_reply(p, *pending.wait(DEADLINE))
             except NodeDown:
@@ -818,7 +818,7 @@ class Client:
         self.config, self.nodes = config, config.nodes
         self._tables = {name: (spec, config.layout(spec)) for name, (spec, _) in self._tables.items()}
         self._sources = {}
-        self.repair, self._steps = Repair(self), []
+        self.repair, self._ahead = Repair(self), []
         self._checkpoints.relaid({p: self.cluster.source(p) for p in range(self.nodes)})
         self._cut_off()
 
@@ -903,8 +903,8 @@ class Client:
             self._failover(p)
 
     def _call(self, p, header, arrays):
-        if self._steps:
-            self._finish_steps()
+        if self._ahead:
+            self._collect_ahead()
         deadline, pause = None, 0.002
         while True:
             channel = self.cluster.channel(p)
@@ -1096,7 +1096,7 @@ class Client:
         """Send {(node,): (header, arrays)} to all at once and wait for every reply: ({key: (reply, arrays)}
         of those that answered, the nodes that did not (NodeDown) or are being moved (HandingOver), to be
         failed over or asked again. Any other error is raised once every reply is in."""
-        self._finish_steps()
+        self._collect_ahead()
         pending, replies, failed, failure, moving = {}, {}, [], None, False
         for key, (header, arrays) in requests.items():
             try:

@@ -286,7 +286,7 @@ class Repair:
             sends[target] = (header, payload.pack([(ids[order], delta[order])]), self.client.cluster.source(target))
         refused = None
         while sends:
-            self.client._finish_steps()
+            self.client._collect_ahead()
             pending, down = {}, []
             for target, (header, arrays, _) in sends.items():
                 try:
