@@ -78,13 +78,13 @@ def test_a_decode_over_several_tables_asks_each_survivor_once_per_kind():
         client.flush()
         cluster.kill(2)
         asked = []
-        gather = client._gather
+        start_all = client._start_all
 
         def counting(requests, *args, **kwargs):
             asked.extend((key[0], header["op"]) for key, (header, _) in requests.items())
-            return gather(requests, *args, **kwargs)
+            return start_all(requests, *args, **kwargs)
 
-        client._gather = counting
+        client._start_all = counting
         after = client.get_many(ids)  # decoded: the node is dead and there is no spare
         for t in tables:
             np.testing.assert_array_equal(after[t], before[t])
@@ -123,11 +123,11 @@ def test_a_read_of_rows_a_spare_has_not_rebuilt_asks_it_once_and_rebuilds_them_t
         client.status()  # fails it over: the spare takes position 2, nothing rebuilt yet
         assert client.cluster.state(2) == "rebuilding"
         asked = []
-        gather, fan_out, call = client._gather, client._fan_out, client._call
+        start_all, fan_out, call = client._start_all, client._fan_out, client._call
 
         def counting(requests, *args, **kwargs):
             asked.extend((key if isinstance(key, int) else key[0], header["op"]) for key, (header, _) in requests.items())
-            return (fan_out if requests and isinstance(next(iter(requests)), int) else gather)(requests, *args, **kwargs)
+            return (fan_out if requests and isinstance(next(iter(requests)), int) else start_all)(requests, *args, **kwargs)
 
         def calling(p, header, arrays, *args, **kwargs):
             asked.append((p, header["op"]))
@@ -137,7 +137,7 @@ def test_a_read_of_rows_a_spare_has_not_rebuilt_asks_it_once_and_rebuilds_them_t
             asked.append((p, header["op"]))
             send_later(p, header, arrays)
 
-        client._gather = client._fan_out = counting
+        client._start_all = client._fan_out = counting
         client._call = calling
         send_later, client._send_later = client._send_later, later
         after = client.get_many(wanted)
@@ -172,3 +172,76 @@ def test_a_restore_sent_ahead_that_comes_late_or_never_loses_no_write():
         reply, _ = cluster.channel(p).call(header, arrays, 5.0)  # the restore comes at last
         assert reply.get("error") is None
         np.testing.assert_array_equal(client.get("t", ids), before - np.float32(0.5) * grads)
+
+
+def test_a_partial_read_asked_what_is_lacking_names_every_row_a_replacement_lacks():
+    spare = node_with_tables(1, rebuilding=True)
+    ids = [owned(spec, 1)[:4] for spec in SPECS]
+    spare.handle(RestoreRows(tables=["a"]).header(), [ids[0][:2], np.zeros((2, SPECS[0].width), np.float32)])
+    reply, arrays = spare.handle(GetMany(tables=["a", "b"], partial=True, lacking=True).header(), ids)
+    assert reply.get("missing") and len(arrays) == 6
+    for n, spec in enumerate(SPECS):  # one bit per local row of the table, not only those asked
+        lacks = np.unpackbits(arrays[4 + n]).view(bool)
+        offsets = CONFIG.layout(spec).data_offset(owned(spec, 1))
+        assert lacks[offsets].tolist() == [n == 1 or row not in ids[0][:2] for row in owned(spec, 1)]
+    source = node_with_tables(1, rebuilding=False)  # lacking nothing: rows, no ids, empty bits
+    reply, arrays = source.handle(GetMany(tables=["a", "b"], partial=True, lacking=True).header(), ids)
+    assert [a.size for a in arrays[2:]] == [0, 0, 0, 0] and arrays[0].shape == (4, 2)
+    reply, _ = spare.handle(GetMany(tables=["a"], lacking=True).header(), ids[:1])  # lacking without partial
+    assert ErrorCode(reply["error"]) is ErrorCode.INVALID
+
+
+def test_lacks_is_corrected_by_every_read_and_ignores_what_it_cannot_read():
+    from ectable.client.lacks import REFRESH, Lacks
+    lacks = Lacks()
+    assert lacks.due(3, "n", 0.0) and not lacks.guess(3, "n", "t", np.arange(4)).any()
+    lacks.learn(3, "n", 0.0, ["t", "u"], [np.packbits(np.array([1, 0, 1, 1], bool)), np.zeros((2, 2), np.uint8)])
+    assert not lacks.due(3, "n", REFRESH / 2) and lacks.due(3, "n", REFRESH * 2) and lacks.due(3, "other", 0.0)
+    assert lacks.guess(3, "n", "t", np.array([0, 1, 2, 3, 99])).tolist() == [True, False, True, True, False]
+    assert not lacks.guess(3, "n", "u", np.arange(2)).any()  # bits of the wrong shape: nothing believed
+    assert not lacks.guess(3, "other", "t", np.arange(4)).any()  # another incarnation at the position
+    lacks.present(3, "n", "t", np.array([2, 99]))
+    assert lacks.guess(3, "n", "t", np.arange(4)).tolist() == [True, False, False, True]
+    lacks.forget(3)
+    assert not lacks.guess(3, "n", "t", np.arange(4)).any()
+
+
+def test_rows_believed_lacking_are_decoded_with_the_read_and_a_stale_belief_changes_no_value():
+    """A client that learned what a spare lacks starts decoding those rows before the spare answers, so the read
+    takes one round trip; a row rebuilt and written since it learned is read from the spare, not the decode."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False) as cluster:
+        client, other = cluster.connect(), cluster.connect()
+        client.create_table("t", num_rows=600, dim=2, init="normal", seed=1, optimizer="sgd", lr=0.5)
+        other._refresh_tables()
+        every = np.arange(600)
+        ids = every[client._table("t")[1].data_node(every) == 2]
+        first, fresh, stale = ids[:10], ids[10:40], ids[40:70]
+        before = client.get("t", ids)
+        client.flush()
+        cluster.kill(2)
+        client.status()
+        other.status()  # both see the spare at position 2, nothing rebuilt yet
+        np.testing.assert_array_equal(client.get("t", first), before[:10])  # learns what the spare lacks
+        grads = np.ones((stale.size, 2), dtype=np.float32)
+        other.get("t", stale)
+        other.apply_gradient("t", stale, grads)  # rebuilt and written since: the decode would give the old rows
+        asked = []
+        start_all, fan_out = client._start_all, client._fan_out
+
+        def starting(requests, *args, **kwargs):
+            asked.extend(header["op"] for header, _ in requests.values())
+            return start_all(requests, *args, **kwargs)
+
+        def fanning(requests, *args, **kwargs):
+            asked.extend(header["op"] for header, _ in requests.values())
+            return fan_out(requests, *args, **kwargs)
+
+        client._start_all, client._fan_out = starting, fanning
+        both = np.concatenate([fresh, stale])
+        after = client.get("t", both)
+        np.testing.assert_array_equal(after[:30], before[10:40])
+        np.testing.assert_array_equal(after[30:], before[40:70] - np.float32(0.5) * grads)
+        reads = [op for op in asked if op in ("get_committed", "get_parity_many")]
+        assert reads and asked.index("get_many") > max(n for n, op in enumerate(asked) if op in reads), asked
+        client._start_all, client._fan_out = start_all, fan_out
+        np.testing.assert_array_equal(client.get("t", both), after)

@@ -12,6 +12,7 @@ from ..layout import Layout
 from ..errors import (Error, HandingOver, InvalidRequest, NodeDown, Replaced, Replaying, StaleCut, Unavailable,
                       WritesLost)
 from .checkpoints import Checkpoints, Restored, export
+from .lacks import Lacks
 from .repair import Repair
 from ..protocol import messages as m, validate
 from ..protocol.messages import ErrorCode, writer_of
@@ -113,6 +114,7 @@ class Client:
         self._writer: str | None = None
         self._closed = False
         self._read_ids: dict[str, tuple] = {}  # per table, the last read's ids, their unique ids and inverse
+        self._lacks = Lacks()  # what rebuilding nodes are believed to lack (`_decode_ahead`)
         for p in range(self.nodes):
             self._sources[p] = cluster.source(p)
         self._refresh_tables()
@@ -273,29 +275,60 @@ class Client:
             width = spec.width if records else spec.dim
             plan[table] = (uniq, (inverse, shape), np.empty((uniq.size, width), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
-        done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], records=records,
-                                            partial=self.cluster.state(p) == "rebuilding" or None,
-                                            node=self._sources.get(p)).header(), [ids for _, ids, _ in ps])
+        rebuilding, now = {p for p in parts if self.cluster.state(p) == "rebuilding"}, clock.monotonic()
+        ahead = {p: self._decode_ahead(p, parts[p]) for p in rebuilding}  # rows it is believed to lack, decoding
+        done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], records=records, partial=p in rebuilding
+                                            or None, lacking=self._lacks.due(p, self._sources.get(p), now) and
+                                            p in rebuilding or None, node=self._sources.get(p)).header(),
+                                  [ids for _, ids, _ in ps])
                               for p, ps in parts.items()})
         for p, ps in parts.items():
             rows = done.get(p)
-            if rows is not None and len(rows) > len(ps):  # a rebuilding node lacked some: decode those
-                rows = self._fill_in(p, ps, rows, records)
+            if rows is not None and p in rebuilding:  # it may lack some: decode those
+                rows = self._fill_in(p, ps, rows, records, ahead.pop(p, None))
             if rows is None:
                 rows = self._read_node(p, {table: ids for table, ids, _ in ps}, records)
             for n, (table, _, where) in enumerate(ps):
                 put_rows(plan[table][2], where, rows[n])
+        for p in parts.keys() - rebuilding:
+            self._lacks.forget(p)
+        for early in ahead.values():
+            self.repair.drop_ahead(early)
         return {table: rows.reshape(shape + rows.shape[1:]) if inverse is None else np.take(rows, inverse, axis=0)
                 for table, (_, (inverse, shape), rows) in plan.items()}  # np.take copies a row whole, indexing by item
 
-    def _fill_in(self, p, ps: list, out: list, records: bool) -> list | None:
-        """Rows of rebuilding node p's partial answer `out` (rows, then per table the ids it lacked), those it
-        lacked decoded and rebuilt there; None if that failed (`_read_node` then reads them all again). A decoded
-        row is its value when p said it lacked it, or a later one: no write reaches a row before its rebuild."""
-        rows, lacks = list(out[:len(ps)]), out[len(ps):]
-        missing = {table: ids for (table, _, _), ids in zip(ps, lacks) if ids.size}
+    def _decode_ahead(self, p, ps: list) -> tuple | None:
+        """The decode of rows of rebuilding node p's part `ps` of a read that p is believed to lack, begun."""
+        source, guess = self._sources.get(p), {}
+        for table, ids, _ in ps:
+            lacks = self._lacks.guess(p, source, table, self._table(table)[1].data_offset(ids))
+            if lacks.any():
+                guess[table] = ids[lacks]
+        if not guess:
+            return None
+        self._collect_ahead()  # (a step's failure is the caller's, not the decode's)
         try:
-            decoded = self.repair.rebuild_rows(p, missing, wait=False)  # restored while the caller computes
+            return self.repair.read_ahead(guess, skip=p)
+        except _Moved:  # a node moved: the read meets it too, and fails it over
+            return None
+
+    def _fill_in(self, p, ps: list, out: list, records: bool, ahead: tuple | None = None) -> list | None:
+        """Rows of rebuilding node p's answer `out` (rows; if partial, then per table the ids it lacked, then maybe
+        what it lacks: `Lacks`), those it lacked decoded (or taken from the decode begun `ahead`) and rebuilt
+        there; None if that failed (`_read_node` then reads them all again). A row p lacked had no write since
+        p began to serve reads (none reaches a row before its rebuild), so any decode since then holds its value."""
+        count, source = len(ps), self._sources.get(p)
+        rows, lacks = list(out[:count]), out[count:2 * count]
+        if len(out) == 3 * count:
+            self._lacks.learn(p, source, clock.monotonic(), [table for table, _, _ in ps], out[2 * count:])
+        for table, ids, _ in ps:  # p has them now, or is sent them below
+            self._lacks.present(p, source, table, self._table(table)[1].data_offset(ids))
+        missing = {table: ids for (table, _, _), ids in zip(ps, lacks) if ids.size}
+        if not missing:
+            self.repair.drop_ahead(ahead)
+            return rows
+        try:
+            decoded = self.repair.rebuild_rows(p, missing, wait=False, ahead=ahead)  # restored as the caller computes
         except (Error, _Moved):  # a node died or moved meanwhile: the slow path fails it over
             return None
         for n, (table, ids, _) in enumerate(ps):
@@ -543,13 +576,23 @@ class Client:
     def _gather(self, requests: dict, timeout: float = DEADLINE) -> dict:
         """{(node, ...): (header, arrays)} sent all at once -> {key: (reply, arrays)}; once every reply is
         in, raises the first failure (NodeDown or NotRebuilt carry their position)."""
+        return self._gathered(self._start_all(requests), timeout)
+
+    def _start_all(self, requests: dict) -> tuple[dict, Error | None]:
+        """`_gather`'s sending: ({key: request in flight}, the first failure to send)."""
         self._collect_ahead()
-        pending, out, failure = {}, {}, None
+        pending, failure = {}, None
         for key, (header, arrays) in requests.items():
             try:
                 pending[key] = self.cluster.channel(key[0]).start(header, arrays)
             except NodeDown as exc:
                 exc.position, failure = key[0], failure or exc
+        return pending, failure
+
+    def _gathered(self, started: tuple, timeout: float = DEADLINE) -> dict:
+        """`_gather`'s waiting, for the requests `_start_all` sent."""
+        pending, failure = started
+        out = {}
         for key, request in pending.items():
             try:
                 out[key] = self._check_reply(key[0], *request.wait(timeout))

@@ -74,18 +74,22 @@ class Repair:
         """
         return self.recover_many({table: stripes}, skip)[table]
 
-    def recover_many(self, stripes: dict, skip: int | None = None) -> dict:
+    def recover_many(self, stripes: dict, skip: int | None = None, ahead: tuple | None = None) -> dict:
         """`recover` of several tables ({table: stripes} -> {table: (blocks, cut, counts)}), every table's
         reads in flight at once; each table's cut is checked on its own. Raises `Unsettled` once the cut
-        still moved after `patience` reads (when set)."""
+        still moved after `patience` reads (when set). `ahead`: the first reads, sent (`_ahead_of`)."""
         deadline, reads = clock.monotonic() + 30, 0
-        unread = {table: None for table in stripes}  # per table: slots a rebuilding node said it has not rebuilt
+        # per table: slots a rebuilding node said it has not rebuilt
+        unread = ahead[0] if ahead else {table: None for table in stripes}
         while True:
-            cuts = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}
+            if ahead:
+                (_, cuts, sent), ahead = ahead, None
+            else:
+                cuts, sent = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}, None
             try:
                 while any(cut["read"].any() or cut["mark"] for cut in cuts.values()):  # every slot, then what moved
-                    self._read(cuts)
-                    reads += 1
+                    self._read(cuts, sent)
+                    reads, sent = reads + 1, None
                     for cut in cuts.values():
                         lagging, ahead = self._lag(cut["senders"], cut["holders"])
                         cut["read"] = self._inconsistent(cut["nodes"], cut["chosen"] & ~cut["virtual"], lagging,
@@ -164,10 +168,32 @@ class Repair:
         again[:, k:] |= np.isin(nodes[:, k:], unique(nodes[:, k:][again[:, k:]])) & read[:, k:]
         return again
 
-    def _read(self, cuts: dict) -> None:
-        """Read every cut's `read` slots into its blocks, one request per node and kind (data or parity) for
-        every table, all in flight at once; note what each data node had sent (`senders`) and each parity
-        holder applied."""
+    def _ahead_of(self, stripes: dict, skip: int | None) -> tuple:
+        """`recover_many(stripes, skip)`'s first reads, sent: pass them to it as `ahead`."""
+        unread = {table: None for table in stripes}
+        cuts = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}
+        return unread, cuts, self._send(cuts)
+
+    def _read(self, cuts: dict, sent: tuple | None = None) -> None:
+        """Read every cut's `read` slots into its blocks (or take the replies of those `sent`), one request per
+        node and kind (data or parity) for every table, all in flight at once; note what each data node had
+        sent (`senders`) and each parity holder applied."""
+        asked, started = sent or self._send(cuts)
+        for (node, kind), (reply, arrays) in self.client._gathered(started).items():
+            for n, (table, (_, rows, cols)) in enumerate(asked[(node, kind)].items()):
+                cut = cuts[table]
+                if kind == "parity":
+                    _put(cut["blocks"], rows, cols, arrays[2 * n])
+                    cut["versions"][rows, cols] = arrays[2 * n + 1]
+                    cut["holders"][node] = (reply.get("source"), reply["applied"])
+                    continue
+                _put(cut["blocks"], rows, cols, arrays[n])
+                marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
+                peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
+                cut["senders"][node] = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
+
+    def _send(self, cuts: dict) -> tuple:
+        """Send the reads of every cut's `read` slots: (what was asked of each (node, kind), the requests)."""
         asked: dict = {}  # (node, kind) -> {table: (ids or stripes to read, rows, cols)}
         none = np.zeros(0, dtype=np.int64)
         for table, cut in cuts.items():
@@ -186,18 +212,7 @@ class Repair:
         requests = {(node, kind): (kinds[kind](tables=list(tables), node=self._node(node)).header(),
                                    [keys for keys, _, _ in tables.values()])
                     for (node, kind), tables in asked.items()}
-        for (node, kind), (reply, arrays) in self.client._gather(requests).items():
-            for n, (table, (_, rows, cols)) in enumerate(asked[(node, kind)].items()):
-                cut = cuts[table]
-                if kind == "parity":
-                    _put(cut["blocks"], rows, cols, arrays[2 * n])
-                    cut["versions"][rows, cols] = arrays[2 * n + 1]
-                    cut["holders"][node] = (reply.get("source"), reply["applied"])
-                    continue
-                _put(cut["blocks"], rows, cols, arrays[n])
-                marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
-                peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
-                cut["senders"][node] = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
+        return asked, self.client._start_all(requests)
 
     @staticmethod
     def _not_rebuilt(node: int, kind: str, ids: np.ndarray, cut, unread) -> None:
@@ -214,10 +229,66 @@ class Repair:
         """Committed records of data rows, decoded from their stripes."""
         return self.read_many({table: ids}, skip)[table]
 
-    def read_many(self, ids: dict, skip: int | None = None) -> dict:
-        """{table: ids} -> {table: committed records}, decoded from their stripes, all tables at once."""
-        plan = {table: np.unique(self.client._table(table)[1].stripe(i), return_inverse=True) for table, i in ids.items()}
-        blocks = self.recover_many({table: stripes for table, (stripes, _) in plan.items()}, skip)
+    def read_many(self, ids: dict, skip: int | None = None, ahead: tuple | None = None) -> dict:
+        """{table: ids} -> {table: committed records}, decoded from their stripes, all tables at once. `ahead`
+        (`read_ahead`): rows decoding already, taken for those of `ids` it holds if it succeeds."""
+        early = self._finish_ahead(ahead, skip)
+        out, rest = {}, {}
+        for table, want in ids.items():
+            have, records = early.get(table, (want[:0], None))
+            at = np.minimum(np.searchsorted(have, want), max(have.size - 1, 0))
+            hit = have[at] == want if have.size else np.zeros(want.size, dtype=bool)
+            if have.size and hit.all():
+                out[table] = records[at]
+                continue
+            out[table] = np.empty((want.size, self.client._table(table)[0].width), dtype=np.float32)
+            if hit.any():
+                out[table][hit] = records[at[hit]]
+            if not hit.all():
+                rest[table] = (want[~hit], ~hit)
+        if rest:
+            decoded = self._decode({table: want for table, (want, _) in rest.items()}, skip)
+            for table, (_, miss) in rest.items():
+                out[table][miss] = decoded[table]
+        return out
+
+    def read_ahead(self, ids: dict, skip: int | None = None) -> tuple | None:
+        """`read_many(ids, skip)` begun: its first reads sent, to be finished as `read_many`'s `ahead` (or
+        dropped with `drop_ahead`); None if it could not begin."""
+        ids = {table: np.unique(i) for table, i in ids.items()}
+        plan = self._plan(ids)
+        try:
+            return ids, plan, self._ahead_of({table: stripes for table, (stripes, _) in plan.items()}, skip)
+        except Error:
+            return None
+
+    def drop_ahead(self, ahead: tuple | None) -> None:
+        """A `read_ahead` not needed after all: its replies are collected by the client's next request."""
+        if ahead is not None:
+            pending, _ = ahead[2][2][1]
+            self.client._ahead.extend((key[0], request, True) for key, request in pending.items())
+
+    def _finish_ahead(self, ahead: tuple | None, skip: int | None) -> dict:
+        """{table: (ids ascending, records)} that `read_ahead` decoded ({} if it failed)."""
+        if ahead is None:
+            return {}
+        ids, plan, sent = ahead
+        try:
+            blocks = self.recover_many({table: stripes for table, (stripes, _) in plan.items()}, skip, sent)
+        except Error:
+            return {}
+        return {table: (ids[table], records) for table, records in self._records(ids, plan, blocks).items()}
+
+    def _decode(self, ids: dict, skip: int | None) -> dict:
+        plan = self._plan(ids)
+        return self._records(ids, plan, self.recover_many({table: stripes for table, (stripes, _) in plan.items()}, skip))
+
+    def _plan(self, ids: dict) -> dict:
+        """{table: (stripes of `ids`, each id's stripe among them)}."""
+        return {table: np.unique(self.client._table(table)[1].stripe(i), return_inverse=True) for table, i in ids.items()}
+
+    def _records(self, ids: dict, plan: dict, blocks: dict) -> dict:
+        """{table: records of `ids`} out of their decoded stripes."""
         return {table: blocks[table][0][inverse.reshape(-1), self.client._table(table)[1].position(ids[table])]
                 .view(np.float32) for table, (_, inverse) in plan.items()}
 
@@ -310,13 +381,13 @@ class Repair:
             raise refused
 
     # -- rebuilding a replacement ----------------------------------------
-    def rebuild_rows(self, position: int, ids: dict, wait: bool = True) -> dict:
+    def rebuild_rows(self, position: int, ids: dict, wait: bool = True, ahead: tuple | None = None) -> dict:
         """Rebuild data rows ({table: ids}) of the node at `position` now (touched before their turn); returns
         their records as decoded ({table: records}). Unless `wait`, the restore is sent and its reply left
         to the client's next request: a write the client sends the node after it finds the rows restored,
         or, should the restore fail or come late, refused as not rebuilt (a restore never overwrites a row
-        already rebuilt)."""
-        rows = self.read_many(ids, skip=position)
+        already rebuilt). `ahead`: as `read_many`'s."""
+        rows = self.read_many(ids, skip=position, ahead=ahead)
         header = RestoreRows(tables=list(ids), node=self._node(position)).header()
         arrays = [a for table in ids for a in (ids[table], rows[table])]
         if wait:

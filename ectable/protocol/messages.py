@@ -162,10 +162,13 @@ class GetCommitted(Request):
 @request("get_many")
 class GetMany(Request):
     """Rows of several tables (arrays: one ids array per table). With "partial", a rebuilding node answers rows
-    it has not rebuilt yet with zeros, and after the rows the ids of those, one array per table ("missing")."""
+    it has not rebuilt yet with zeros, and after the rows the ids of those, one array per table ("missing").
+    With "lacking" too, it answers so always, and after those ids which of its rows of each table it has not
+    rebuilt yet: one bit per local row, packed (`np.packbits`; empty once it lacks none)."""
     tables: list
     records: bool = False
     partial: bool = False
+    lacking: bool = False
     node: str | None = None
 
 

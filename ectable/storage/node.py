@@ -239,10 +239,12 @@ class Node:
 
     def op_get_many(self, msg, arrays):
         """Rows of several tables: header "tables", one ids array per table; "records": whole records; "partial":
-        zeros for rows not rebuilt yet, and their ids."""
+        zeros for rows not rebuilt yet, and their ids; "lacking": also every row each table lacks (see `GetMany`)."""
+        if msg.lacking and not msg.partial:
+            raise InvalidRequest("get_many: \"lacking\" is asked with \"partial\" only")
         work = self._tables_ids(msg.tables, arrays)
         lacking = [shard.lacks(ids) for shard, ids in work] if msg.partial else []
-        if not any(lacks.any() for lacks in lacking):
+        if not msg.lacking and not any(lacks.any() for lacks in lacking):
             self._need_rebuilt(work)
             return {}, [shard.read(ids, records=msg.records, local=local)
                         for (shard, ids), local in zip(work, local_many(work))]
@@ -251,7 +253,11 @@ class Node:
             out = np.zeros((ids.size, shard.width if msg.records else shard.dim), dtype=np.float32)
             out[~lacks] = shard.read(ids[~lacks], records=msg.records)
             rows.append(out)
-        return {"missing": True}, rows + [ids[lacks] for (_, ids), lacks in zip(work, lacking)]
+        rows += [ids[lacks] for (_, ids), lacks in zip(work, lacking)]
+        if msg.lacking:
+            rows += [np.packbits(shard.missing_data) if shard.missing_data is not None else np.zeros(0, np.uint8)
+                     for shard, _ in work]
+        return {"missing": True}, rows
 
     def _tables_ids(self, tables: list, arrays) -> list:
         """[(shard, ids)] of a request naming `tables`, with one ids array each."""
