@@ -13,7 +13,7 @@ from ..errors import (Error, HandingOver, InvalidRequest, NodeDown, Replaced, Re
                       WritesLost)
 from .checkpoints import Checkpoints, Restored, export
 from .lacks import Lacks
-from .repair import Repair
+from .repair import Begun, Repair
 from ..protocol import messages as m, validate
 from ..protocol.messages import ErrorCode, writer_of
 from ..storage.shard import NotRebuilt
@@ -276,28 +276,30 @@ class Client:
             plan[table] = (uniq, (inverse, shape), np.empty((uniq.size, width), dtype=np.float32))
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
         rebuilding, now = {p for p in parts if self.cluster.state(p) == "rebuilding"}, clock.monotonic()
+        asking = {p for p in rebuilding if self._lacks.due(p, self._sources.get(p), now)}  # what it lacks, afresh
         ahead = {p: self._decode_ahead(p, parts[p]) for p in rebuilding}  # rows it is believed to lack, decoding
-        done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], records=records, partial=p in rebuilding
-                                            or None, lacking=self._lacks.due(p, self._sources.get(p), now) and
-                                            p in rebuilding or None, node=self._sources.get(p)).header(),
-                                  [ids for _, ids, _ in ps])
-                              for p, ps in parts.items()})
-        for p, ps in parts.items():
-            rows = done.get(p)
-            if rows is not None and p in rebuilding:  # it may lack some: decode those
-                rows = self._fill_in(p, ps, rows, records, ahead.pop(p, None))
-            if rows is None:
-                rows = self._read_node(p, {table: ids for table, ids, _ in ps}, records)
-            for n, (table, _, where) in enumerate(ps):
-                put_rows(plan[table][2], where, rows[n])
+        try:
+            done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], records=records,
+                                                partial=p in rebuilding or None, lacking=p in asking or None,
+                                                node=self._sources.get(p)).header(), [ids for _, ids, _ in ps])
+                                  for p, ps in parts.items()})
+            for p, ps in parts.items():
+                rows = done.get(p)
+                if rows is not None and p in rebuilding:  # it may lack some: decode those
+                    rows = self._fill_in(p, ps, rows, records, ahead.pop(p, None))
+                if rows is None:
+                    rows = self._read_node(p, {table: ids for table, ids, _ in ps}, records)
+                for n, (table, _, where) in enumerate(ps):
+                    put_rows(plan[table][2], where, rows[n])
+        finally:
+            for early in ahead.values():  # not needed after all: the next request collects the replies
+                self.repair.drop_ahead(early)
         for p in parts.keys() - rebuilding:
             self._lacks.forget(p)
-        for early in ahead.values():
-            self.repair.drop_ahead(early)
         return {table: rows.reshape(shape + rows.shape[1:]) if inverse is None else np.take(rows, inverse, axis=0)
                 for table, (_, (inverse, shape), rows) in plan.items()}  # np.take copies a row whole, indexing by item
 
-    def _decode_ahead(self, p, ps: list) -> tuple | None:
+    def _decode_ahead(self, p, ps: list) -> Begun | None:
         """The decode of rows of rebuilding node p's part `ps` of a read that p is believed to lack, begun."""
         source, guess = self._sources.get(p), {}
         for table, ids, _ in ps:
@@ -312,7 +314,7 @@ class Client:
         except _Moved:  # a node moved: the read meets it too, and fails it over
             return None
 
-    def _fill_in(self, p, ps: list, out: list, records: bool, ahead: tuple | None = None) -> list | None:
+    def _fill_in(self, p, ps: list, out: list, records: bool, ahead: Begun | None = None) -> list | None:
         """Rows of rebuilding node p's answer `out` (rows; if partial, then per table the ids it lacked, then maybe
         what it lacks: `Lacks`), those it lacked decoded (or taken from the decode begun `ahead`) and rebuilt
         there; None if that failed (`_read_node` then reads them all again). A row p lacked had no write since

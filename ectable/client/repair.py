@@ -7,6 +7,8 @@ writers (see `recover`).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..arrays import unique
@@ -17,6 +19,15 @@ from ..protocol import deltas as payload, validate
 from ..protocol.messages import Delta, GetCommitted, GetParityMany, Holds, Missing, Restore, RestoreRows, Status
 from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
+
+
+class Begun(NamedTuple):
+    """A decode of data rows whose first reads are sent (`Repair.read_ahead`)."""
+    ids: dict  # {table: ids, ascending}
+    plan: dict  # {table: (stripes, each id's stripe among them)}
+    unread: dict  # as `recover_many`'s
+    cuts: dict  # {table: cut}, as `_start` made them
+    sent: tuple  # (what was asked of each (node, kind), (requests in flight, a failure to send))
 
 
 class Unsettled(Error):
@@ -74,16 +85,16 @@ class Repair:
         """
         return self.recover_many({table: stripes}, skip)[table]
 
-    def recover_many(self, stripes: dict, skip: int | None = None, ahead: tuple | None = None) -> dict:
+    def recover_many(self, stripes: dict, skip: int | None = None, begun: Begun | None = None) -> dict:
         """`recover` of several tables ({table: stripes} -> {table: (blocks, cut, counts)}), every table's
         reads in flight at once; each table's cut is checked on its own. Raises `Unsettled` once the cut
-        still moved after `patience` reads (when set). `ahead`: the first reads, sent (`_ahead_of`)."""
+        still moved after `patience` reads (when set). `begun`: these stripes' first reads, sent (`_begin`)."""
         deadline, reads = clock.monotonic() + 30, 0
         # per table: slots a rebuilding node said it has not rebuilt
-        unread = ahead[0] if ahead else {table: None for table in stripes}
+        unread = begun.unread if begun else {table: None for table in stripes}
         while True:
-            if ahead:
-                (_, cuts, sent), ahead = ahead, None
+            if begun:
+                cuts, sent, begun = begun.cuts, begun.sent, None
             else:
                 cuts, sent = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}, None
             try:
@@ -168,11 +179,12 @@ class Repair:
         again[:, k:] |= np.isin(nodes[:, k:], unique(nodes[:, k:][again[:, k:]])) & read[:, k:]
         return again
 
-    def _ahead_of(self, stripes: dict, skip: int | None) -> tuple:
-        """`recover_many(stripes, skip)`'s first reads, sent: pass them to it as `ahead`."""
-        unread = {table: None for table in stripes}
-        cuts = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}
-        return unread, cuts, self._send(cuts)
+    def _begin(self, ids: dict, skip: int | None) -> Begun:
+        """`read_many(ids, skip)`'s first reads, sent (`ids` ascending and unique)."""
+        plan = self._plan(ids)
+        unread = {table: None for table in plan}
+        cuts = {table: self._start(table, stripes, skip, unread) for table, (stripes, _) in plan.items()}
+        return Begun(ids, plan, unread, cuts, self._send(cuts))
 
     def _read(self, cuts: dict, sent: tuple | None = None) -> None:
         """Read every cut's `read` slots into its blocks (or take the replies of those `sent`), one request per
@@ -229,10 +241,10 @@ class Repair:
         """Committed records of data rows, decoded from their stripes."""
         return self.read_many({table: ids}, skip)[table]
 
-    def read_many(self, ids: dict, skip: int | None = None, ahead: tuple | None = None) -> dict:
+    def read_many(self, ids: dict, skip: int | None = None, ahead: Begun | None = None) -> dict:
         """{table: ids} -> {table: committed records}, decoded from their stripes, all tables at once. `ahead`
         (`read_ahead`): rows decoding already, taken for those of `ids` it holds if it succeeds."""
-        early = self._finish_ahead(ahead, skip)
+        early = self._finish(ahead, skip)
         out, rest = {}, {}
         for table, want in ids.items():
             have, records = early.get(table, (want[:0], None))
@@ -252,36 +264,32 @@ class Repair:
                 out[table][miss] = decoded[table]
         return out
 
-    def read_ahead(self, ids: dict, skip: int | None = None) -> tuple | None:
+    def read_ahead(self, ids: dict, skip: int | None = None) -> Begun | None:
         """`read_many(ids, skip)` begun: its first reads sent, to be finished as `read_many`'s `ahead` (or
         dropped with `drop_ahead`); None if it could not begin."""
-        ids = {table: np.unique(i) for table, i in ids.items()}
-        plan = self._plan(ids)
         try:
-            return ids, plan, self._ahead_of({table: stripes for table, (stripes, _) in plan.items()}, skip)
+            return self._begin({table: np.unique(i) for table, i in ids.items()}, skip)
         except Error:
             return None
 
-    def drop_ahead(self, ahead: tuple | None) -> None:
+    def drop_ahead(self, ahead: Begun | None) -> None:
         """A `read_ahead` not needed after all: its replies are collected by the client's next request."""
         if ahead is not None:
-            pending, _ = ahead[2][2][1]
+            pending, _ = ahead.sent[1]
             self.client._ahead.extend((key[0], request, True) for key, request in pending.items())
 
-    def _finish_ahead(self, ahead: tuple | None, skip: int | None) -> dict:
+    def _finish(self, ahead: Begun | None, skip: int | None) -> dict:
         """{table: (ids ascending, records)} that `read_ahead` decoded ({} if it failed)."""
-        if ahead is None:
-            return {}
-        ids, plan, sent = ahead
         try:
-            blocks = self.recover_many({table: stripes for table, (stripes, _) in plan.items()}, skip, sent)
+            decoded = self._decode(ahead.ids, skip, ahead) if ahead is not None else {}
         except Error:
             return {}
-        return {table: (ids[table], records) for table, records in self._records(ids, plan, blocks).items()}
+        return {table: (ahead.ids[table], records) for table, records in decoded.items()}
 
-    def _decode(self, ids: dict, skip: int | None) -> dict:
-        plan = self._plan(ids)
-        return self._records(ids, plan, self.recover_many({table: stripes for table, (stripes, _) in plan.items()}, skip))
+    def _decode(self, ids: dict, skip: int | None, begun: Begun | None = None) -> dict:
+        """{table: records of `ids`}, decoded (from the reads `begun` sent, if given)."""
+        plan = begun.plan if begun is not None else self._plan(ids)
+        return self._records(ids, plan, self.recover_many({table: s for table, (s, _) in plan.items()}, skip, begun))
 
     def _plan(self, ids: dict) -> dict:
         """{table: (stripes of `ids`, each id's stripe among them)}."""
@@ -381,7 +389,7 @@ class Repair:
             raise refused
 
     # -- rebuilding a replacement ----------------------------------------
-    def rebuild_rows(self, position: int, ids: dict, wait: bool = True, ahead: tuple | None = None) -> dict:
+    def rebuild_rows(self, position: int, ids: dict, wait: bool = True, ahead: Begun | None = None) -> dict:
         """Rebuild data rows ({table: ids}) of the node at `position` now (touched before their turn); returns
         their records as decoded ({table: records}). Unless `wait`, the restore is sent and its reply left
         to the client's next request: a write the client sends the node after it finds the rows restored,
