@@ -110,14 +110,16 @@ def part_size(sizes, out):
 
 def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=None):
     """Iteration times; with `kill_at`, SIGKILL node 2 before that iteration. Also the rebuild window. With
-    `profile` (a cProfile.Profile), the trainer is profiled over the iterations that start with node 2 rebuilding."""
+    `profile` (two cProfile.Profile), the trainer is profiled over the iterations before the kill (from the
+    sixth) and over those that start with node 2 rebuilding."""
     times, rebuilding = [], []
     for n, batch in enumerate(work.batches):
         if n == kill_at:
             cluster.kill(2)
-        profiled = profile is not None and rebuilding and rebuilding[-1]
-        if profiled:
-            profile.enable()
+        profiled = None
+        if profile is not None and (5 <= n < kill_at or (rebuilding and rebuilding[-1])):
+            profiled = profile[0] if n < kill_at else profile[1]
+            profiled.enable()
         start = time.perf_counter()
         client.get_many(batch)
         time.sleep(compute)
@@ -125,7 +127,7 @@ def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=N
         client.step()
         times.append(time.perf_counter() - start)
         if profiled:
-            profile.disable()
+            profiled.disable()
         # as the client's map says (no request: one to the spare every iteration would slow training down)
         rebuilding.append(kill_at is not None and n >= kill_at and client.cluster.state(2) == "rebuilding")
     return np.array(times), np.array(rebuilding)
@@ -144,7 +146,7 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False):
     rows_out, series, lost = [], {}, {}
     for share in shares:
         cluster, client = make_cluster(work, share=share)
-        prof = cProfile.Profile() if profile else None
+        prof = (cProfile.Profile(), cProfile.Profile()) if profile else None
         with cluster:
             touch_all(client, work)
             kill_at = len(work.batches) // 6
@@ -160,7 +162,7 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False):
         print(f"  share {share}: the rebuild spanned {during.size} iterations ({during.sum():.2f} s); "
               f"the failure cost training {lost[share]:.2f} s", flush=True)
         if prof is not None:
-            _print_profile(prof, int(rebuilding[:-1].sum()))  # those after an iteration that ended rebuilding
+            _print_profile(prof, before.size, int(rebuilding[:-1].sum()))  # after an iteration that ended rebuilding
     out["during"] = series
     report("recovery_during", ["rebuild share", "it/s before", "failover it.", "during rebuild", "after",
                                "rebuild s", "training lost s"], rows_out,
@@ -169,14 +171,19 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False):
     return lost
 
 
-def _print_profile(prof: cProfile.Profile, iterations: int) -> None:
-    """The client's calls over the profiled iterations, cumulative ms per iteration, largest first."""
-    stats = pstats.Stats(prof).stats
-    rows = sorted(((cum, f"{os.path.basename(path)}:{line}({name})", calls) for (path, line, name), (_, calls, _, cum, _)
-                   in stats.items() if f"{os.sep}ectable{os.sep}client{os.sep}" in path), reverse=True)
-    print(f"  trainer, {iterations} iterations while rebuilding, ms per iteration (cumulative):")
-    for cum, where, calls in rows[:25]:
-        print(f"    {cum / max(iterations, 1) * 1000:8.2f}  {calls / max(iterations, 1):7.1f} calls  {where}")
+def _print_profile(profiles: tuple, before: int, during: int) -> None:
+    """The client's calls over the iterations profiled before the kill and while rebuilding: cumulative ms and
+    calls per iteration, largest while rebuilding first."""
+    per = []
+    for prof, iterations in zip(profiles, (before, during)):
+        per.append({f"{os.path.basename(path)}:{line}({name})": (cum / max(iterations, 1) * 1000, calls / max(iterations, 1))
+                    for (path, line, name), (_, calls, _, cum, _) in pstats.Stats(prof).stats.items()
+                    if f"{os.sep}ectable{os.sep}client{os.sep}" in path})
+    print(f"  trainer, ms per iteration (cumulative) over {before} iterations before the kill and {during} while "
+          f"rebuilding:\n    {'before':>8} {'calls':>6} {'during':>8} {'calls':>6}")
+    for where in sorted(per[1], key=lambda w: per[1][w][0], reverse=True)[:30]:
+        (ms0, calls0), (ms1, calls1) = per[0].get(where, (0.0, 0.0)), per[1][where]
+        print(f"    {ms0:8.2f} {calls0:6.1f} {ms1:8.2f} {calls1:6.1f}  {where}")
 
 
 def part_checkpoint(work: Workload, intervals, compute, overhead, lost_training, out):

@@ -245,3 +245,26 @@ def test_rows_believed_lacking_are_decoded_with_the_read_and_a_stale_belief_chan
         assert reads and asked.index("get_many") > max(n for n, op in enumerate(asked) if op in reads), asked
         client._start_all, client._fan_out = start_all, fan_out
         np.testing.assert_array_equal(client.get("t", both), after)
+
+
+def test_a_decode_begun_ahead_that_meets_another_spare_lacking_its_slots_reads_around_it():
+    with ectable.LocalCluster(nodes=6, code="rs", k=4, r=2, spares=2, processes=False) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=2000, dim=2, init="normal", seed=3)
+        every = np.arange(2000)
+        ids = every[client._table("t")[1].data_node(every) == 2]
+        before = client.get("t", ids)
+        client.flush()
+        cluster.kill(2)
+        cluster.kill(3)
+        client.status()
+        assert client.cluster.state(2) == client.cluster.state(3) == "rebuilding"
+        np.testing.assert_array_equal(client.get("t", ids[:5]), before[:5])  # learns what position 2 lacks
+        begun = []
+        read_ahead = client.repair.read_ahead
+        client.repair.read_ahead = lambda *a, **kw: begun.append(read_ahead(*a, **kw)) or begun[-1]
+        refused, not_rebuilt = [], client.repair._not_rebuilt
+        client.repair._not_rebuilt = lambda node, *a: refused.append(node) or not_rebuilt(node, *a)
+        np.testing.assert_array_equal(client.get("t", ids[5:]), before[5:])
+        assert begun and begun[0] is not None
+        assert 3 in refused  # its first reads asked the other spare, which lacked those slots: read around it

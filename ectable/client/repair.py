@@ -96,7 +96,7 @@ class Repair:
             if begun:
                 cuts, sent, begun = begun.cuts, begun.sent, None
             else:
-                cuts, sent = {table: self._start(table, s, skip, unread) for table, s in stripes.items()}, None
+                cuts, sent = self._starts(stripes, skip, unread), None
             try:
                 while any(cut["read"].any() or cut["mark"] for cut in cuts.values()):  # every slot, then what moved
                     self._read(cuts, sent)
@@ -123,10 +123,14 @@ class Repair:
             self.code.decode_stripes(cut["blocks"], cut["chosen"])
         return {table: (cut["blocks"], cut["senders"], cut["versions"].max(axis=1)) for table, cut in cuts.items()}
 
-    def _start(self, table, stripes, skip, unread) -> dict:
-        """A fresh read of `stripes`: which slots to read from where (again after a failover)."""
+    def _starts(self, stripes: dict, skip, unread) -> dict:
+        """{table: a fresh read of its `stripes`}: which slots to read from where (again after a failover)."""
+        states = self.client._states()
+        return {table: self._start(table, s, skip, unread, states) for table, s in stripes.items()}
+
+    def _start(self, table, stripes, skip, unread, states) -> dict:
         spec, layout = self.client._table(table)
-        nodes, virtual, have = self._slots(table, stripes)
+        nodes, virtual, have = self._slots(table, stripes, states)
         live = have & ~virtual
         if unread[table] is None:
             unread[table] = nodes == skip
@@ -183,7 +187,7 @@ class Repair:
         """`read_many(ids, skip)`'s first reads, sent (`ids` ascending and unique)."""
         plan = self._plan(ids)
         unread = {table: None for table in plan}
-        cuts = {table: self._start(table, stripes, skip, unread) for table, (stripes, _) in plan.items()}
+        cuts = self._starts({table: stripes for table, (stripes, _) in plan.items()}, skip, unread)
         return Begun(ids, plan, unread, cuts, self._send(cuts))
 
     def _read(self, cuts: dict, sent: tuple | None = None) -> None:
@@ -209,15 +213,16 @@ class Repair:
         asked: dict = {}  # (node, kind) -> {table: (ids or stripes to read, rows, cols)}
         none = np.zeros(0, dtype=np.int64)
         for table, cut in cuts.items():
-            stripes, nodes, read, k = cut["stripes"], cut["nodes"], cut["read"], cut["k"]
-            for node in unique(nodes[read]).tolist():
-                mine = read & (nodes == node)
-                rows, cols = np.nonzero(mine[:, :k])
-                if rows.size:
-                    asked.setdefault((node, "data"), {})[table] = (stripes[rows] * k + cols, rows, cols)
-                rows, cols = np.nonzero(mine[:, k:])
-                if rows.size:
-                    asked.setdefault((node, "parity"), {})[table] = (stripes[rows], rows, k + cols)
+            stripes, k = cut["stripes"], cut["k"]
+            rows, cols = np.nonzero(cut["read"])  # row-major: each (node, kind)'s slots stay in that order
+            key = cut["nodes"][rows, cols] * 2 + (cols >= k)  # node, then data (0) or parity (1)
+            order = np.argsort(key, kind="stable")
+            cuts_at = np.flatnonzero(np.diff(key[order])) + 1
+            for seg in np.split(order, cuts_at) if order.size else ():
+                node, parity = divmod(int(key[seg[0]]), 2)
+                r, c = rows[seg], cols[seg]
+                asked.setdefault((node, "parity" if parity else "data"), {})[table] = \
+                    (stripes[r], r, c) if parity else (stripes[r] * k + c, r, c)
             for node in cut["mark"]:  # no rows: what it had sent, now
                 asked.setdefault((node, "data"), {}).setdefault(table, (none, none, none))
         kinds = {"data": GetCommitted, "parity": GetParityMany}
