@@ -108,12 +108,15 @@ def part_size(sizes, out):
                              "pulling s", "MB/s pulling", "MB/s moved", "loopback MB/s", "decode MB/s"], rows_out)
 
 
-def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=None):
+def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=None, lookahead: int = 0):
     """Iteration times; with `kill_at`, SIGKILL node 2 before that iteration. Also the rebuild window. With
     `profile` (two cProfile.Profile), the trainer is profiled over the iterations before the kill (from the
-    sixth) and over those that start with node 2 rebuilding."""
+    sixth) and over those that start with node 2 rebuilding. With `lookahead` L > 0, the loop goes through
+    `ectable.Lookahead` (L batches read ahead, a cache of a million rows; its thread owns the client)."""
     times, rebuilding = [], []
-    for n, batch in enumerate(work.batches):
+    la = ectable.Lookahead(client, work.batches, lookahead=lookahead, cache_rows=1 << 20) if lookahead else None
+    api, feed = (la, la) if la is not None else (client, work.batches)
+    for n, batch in enumerate(feed):
         if n == kill_at:
             cluster.kill(2)
         profiled = None
@@ -121,16 +124,27 @@ def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=N
             profiled = profile[0] if n < kill_at else profile[1]
             profiled.enable()
         start = time.perf_counter()
-        client.get_many(batch)
+        api.get_many(batch)
         time.sleep(compute)
-        client.apply_gradient_many(work.gradients(batch))
-        client.step()
+        api.apply_gradient_many(work.gradients(batch))
+        api.step()
         times.append(time.perf_counter() - start)
         if profiled:
             profiled.disable()
         # as the client's map says (no request: one to the spare every iteration would slow training down)
-        rebuilding.append(kill_at is not None and n >= kill_at and client.cluster.state(2) == "rebuilding")
+        rebuilding.append(kill_at is not None and n >= kill_at and _rebuilding(client.cluster, 2, la is not None))
+    if la is not None:
+        la.close()
     return np.array(times), np.array(rebuilding)
+
+
+def _rebuilding(cluster, p: int, looked_only: bool) -> bool:
+    """Whether the map shows position p rebuilding; `looked_only`: as last read, with no side effect (another
+    thread, the lookahead's, uses the cluster: only it may fail nodes over)."""
+    if not looked_only:
+        return cluster.state(p) == "rebuilding"
+    state = cluster._map.states[p]
+    return state != "dead" and (state == "rebuilding" or cluster._map.sources[p] in cluster._rebuilding)
 
 
 def phases(times: np.ndarray, rebuilding: np.ndarray, kill_at: int) -> tuple:
@@ -140,9 +154,10 @@ def phases(times: np.ndarray, rebuilding: np.ndarray, kill_at: int) -> tuple:
     return times[5:kill_at], times[kill_at], times[later][rebuilding[later]], times[later][~rebuilding[later]]
 
 
-def part_during(work: Workload, compute, shares, out, profile: bool = False):
+def part_during(work: Workload, compute, shares, out, profile: bool = False, lookahead: int = 0):
     """Training through a failure, once per rebuild share; returns the training time each failure cost. With
-    `profile`, prints the trainer's cProfile over the rebuild (per iteration, the calls of ectable's client)."""
+    `profile`, prints the trainer's cProfile over the rebuild (per iteration, the calls of ectable's client);
+    `lookahead`: as `train`'s."""
     rows_out, series, lost = [], {}, {}
     for share in shares:
         cluster, client = make_cluster(work, share=share)
@@ -150,7 +165,7 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False):
         with cluster:
             touch_all(client, work)
             kill_at = len(work.batches) // 6
-            times, rebuilding = train(client, work, compute, kill_at, cluster, prof)
+            times, rebuilding = train(client, work, compute, kill_at, cluster, prof, lookahead)
         before, first, during, after = phases(times, rebuilding, kill_at)
         lost[share] = first + during.sum() - (during.size + 1) * before.mean()  # training time the failure cost
         rate = 1 / before.mean()
@@ -248,6 +263,7 @@ def main():
                         help="parity's training overhead (bench.train_loop): adds the checkpoint interval that costs as much")
     parser.add_argument("--parts", nargs="+", default=["size", "during", "checkpoint"])
     parser.add_argument("--profile", action="store_true", help="during: cProfile the trainer over each rebuild")
+    parser.add_argument("--lookahead", type=int, default=0, help="during: train through ectable.Lookahead, L batches ahead")
     args = parser.parse_args()
     out: dict = {}
     compute = args.compute_ms / 1000
@@ -255,7 +271,7 @@ def main():
         part_size(args.sizes, out)
     work = WORKLOADS[args.workload](args.iters, args.scale)
     print(work.describe())
-    lost = part_during(work, compute, args.shares, out, args.profile) if "during" in args.parts else {}
+    lost = part_during(work, compute, args.shares, out, args.profile, args.lookahead) if "during" in args.parts else {}
     if "checkpoint" in args.parts:
         part_checkpoint(dataclasses.replace(work, batches=work.batches[:30]), args.intervals, compute, args.overhead, min(lost.values(), default=None), out)
 
