@@ -120,8 +120,9 @@ def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=N
         if n == kill_at:
             cluster.kill(2)
         profiled = None
-        if profile is not None and (5 <= n < kill_at or (rebuilding and rebuilding[-1])):
-            profiled = profile[0] if n < kill_at else profile[1]
+        before = kill_at is None or n < kill_at
+        if profile is not None and ((before and n >= 5) or (rebuilding and rebuilding[-1])):
+            profiled = profile[0] if before else profile[1]
             profiled.enable()
         start = time.perf_counter()
         api.get_many(batch)

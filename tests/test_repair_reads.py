@@ -1,6 +1,7 @@
 """Decode reads and on-demand restores carry every table at once: one request per survivor and kind (the node
 logic, and a client's decode over several tables)."""
 import numpy as np
+import pytest
 
 import ectable
 from ectable.config import ClusterConfig
@@ -265,6 +266,12 @@ def test_a_decode_begun_ahead_that_meets_another_spare_lacking_its_slots_reads_a
         client.repair.read_ahead = lambda *a, **kw: begun.append(read_ahead(*a, **kw)) or begun[-1]
         refused, not_rebuilt = [], client.repair._not_rebuilt
         client.repair._not_rebuilt = lambda node, *a: refused.append(node) or not_rebuilt(node, *a)
+        finished, finish = [], client.repair._finish
+        client.repair._finish = lambda *a: finished.append(finish(*a)) or finished[-1]
+        decode = client.repair._decode
+        client.repair._decode = lambda ids, skip, begun=None: \
+            decode(ids, skip, begun) if begun is not None else pytest.fail("decoded again after the begun decode")
         np.testing.assert_array_equal(client.get("t", ids[5:]), before[5:])
         assert begun and begun[0] is not None
         assert 3 in refused  # its first reads asked the other spare, which lacked those slots: read around it
+        assert finished and finished[0]  # and the rows came from the decode begun early

@@ -277,8 +277,10 @@ class Client:
         parts = self._parts({table: uniq for table, (uniq, _, _) in plan.items()})
         rebuilding, now = {p for p in parts if self.cluster.state(p) == "rebuilding"}, clock.monotonic()
         asking = {p for p in rebuilding if self._lacks.due(p, self._sources.get(p), now)}  # what it lacks, afresh
-        ahead = {p: self._decode_ahead(p, parts[p]) for p in rebuilding}  # rows it is believed to lack, decoding
+        ahead: dict = {}  # per rebuilding node: the decode of rows it is believed to lack, begun
         try:
+            for p in rebuilding:
+                ahead[p] = self._decode_ahead(p, parts[p])
             done = self._fan_out({p: (m.GetMany(tables=[t for t, _, _ in ps], records=records,
                                                 partial=p in rebuilding or None, lacking=p in asking or None,
                                                 node=self._sources.get(p)).header(), [ids for _, ids, _ in ps])

@@ -4,9 +4,11 @@ A rebuilding node answers a read of rows it has not rebuilt yet with their ids (
 the client decodes them from the survivors: a second round trip after the first. Asked with "lacking", the
 node also sends which rows of each table it still lacks (packed bits), and the client keeps that
 picture: the next reads start decoding the rows it names before the node answers, both in flight at
-once. A row only ever goes from lacking to rebuilt, so the picture errs one way only: it may name rows
-rebuilt since (decoded for nothing; the node's answer is used), and every read corrects it for the
-rows it touched. Pure bookkeeping: no I/O.
+once. A row only ever goes from lacking to rebuilt, so a picture grows stale one way only: it may name
+rows rebuilt since (decoded for nothing; the node's answer is used). Every read marks the rows it
+touched present, those it is restoring included; should that restore fail, the node says so at the
+next read of them, which then decodes them after its answer, as without a picture. Pure bookkeeping:
+no I/O.
 """
 from __future__ import annotations
 
