@@ -249,6 +249,8 @@ class Repair:
     def read_many(self, ids: dict, skip: int | None = None, ahead: Begun | None = None) -> dict:
         """{table: ids} -> {table: committed records}, decoded from their stripes, all tables at once. `ahead`
         (`read_ahead`): rows decoding already, taken for those of `ids` it holds if it succeeds."""
+        if ahead is None:
+            return self._decode(ids, skip)
         early = self._finish(ahead, skip)
         out, rest = {}, {}
         for table, want in ids.items():
