@@ -50,14 +50,16 @@ class Layout:
         return self.k + self.r
 
     @staticmethod
-    def of_rows(layouts: list, counts) -> "Layout":
+    def of_rows(layouts: list, counts, offsets: np.ndarray | None = None) -> "Layout":
         """A layout of rows of several tables of the same nodes, k and r (`counts[t]` rows of `layouts[t]`,
-        one table after the other): its offset is one per row, so the placement math of them all is one
-        vectorised call each."""
+        one table after the other; `offsets`: the layouts' offsets, if at hand): its offset is one per row, so
+        the placement math of them all is one vectorised call each."""
         if len(layouts) == 1:
             return layouts[0]
+        if offsets is None:
+            offsets = [layout.offset for layout in layouts]
         rows = object.__new__(Layout)  # __init__ would check the fields again: the tables' layouts passed
-        rows.__dict__.update(layouts[0].__dict__, offset=np.repeat([layout.offset for layout in layouts], counts))
+        rows.__dict__.update(layouts[0].__dict__, offset=np.repeat(offsets, counts))
         return rows
 
     # -- rows -> nodes ---------------------------------------------------

@@ -185,6 +185,8 @@ WIRE = [
     (DELTA, [np.array([[2, 32]]), I64, np.zeros(64, np.uint8)], "must be 36 bytes"),
     (DELTA, [np.array([[1, 36]]), np.array([5000]), np.zeros(36, np.uint8)], "5000"),
     (DELTA, [np.array([[-1, 36]]), I64[:0], np.zeros(0, np.uint8)], ">= 0"),
+    (DELTA, [np.array([[1, 36]]), np.array([-1]), np.zeros(36, np.uint8)], "id -1"),
+    ({**DELTA, "tables": [["items"]]}, [np.array([[1, 36]]), I64[:1], np.zeros(36, np.uint8)], "['items']"),
     ({"op": "holds", "table": "nope"}, [I64], "'nope'"),
     ({"op": "get_parity", "table": "items"}, [np.array([10 ** 9])], "1000000000"),
     ({"op": "get_parity_many", "tables": ["items", "users"]}, [I64, np.array([10 ** 9])], "1000000000"),

@@ -26,9 +26,9 @@ def pack(parts) -> list:
     return [shape, ids, delta]
 
 
-def unpack(tables: int, arrays) -> tuple[np.ndarray, np.ndarray, list]:
-    """(rows per table, every table's ids, [delta rows uint8 [n, bytes] per table]) of a payload naming `tables`
-    tables; raises InvalidRequest unless its arrays add up."""
+def unpack(tables: int, arrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(rows per table, bytes per row per table, every table's ids, every table's delta bytes, flat) of a payload
+    naming `tables` tables; raises InvalidRequest unless its arrays add up."""
     if not isinstance(arrays, (list, tuple)) or len(arrays) != 3 or not all(isinstance(a, np.ndarray) for a in arrays):
         raise InvalidRequest("a delta carries three arrays: shape, ids and delta bytes")
     shape, ids, delta = arrays
@@ -40,10 +40,14 @@ def unpack(tables: int, arrays) -> tuple[np.ndarray, np.ndarray, list]:
         raise InvalidRequest("a delta's rows per table must be >= 0 and its bytes per row in [1, 2**20]")
     if ids.dtype != np.int64 or ids.shape != (int(rows.sum()),):
         raise InvalidRequest(f"a delta's ids must be int64 [{int(rows.sum())}], got {ids.dtype}{list(ids.shape)}")
+    size = int(rows @ width) if tables else 0
+    if delta.dtype != np.uint8 or delta.shape != (size,):
+        raise InvalidRequest(f"a delta's bytes must be uint8 [{size}], got {delta.dtype}{list(delta.shape)}")
+    return rows, width, ids, delta
+
+
+def split(rows: np.ndarray, width: np.ndarray, delta: np.ndarray) -> list:
+    """[delta rows uint8 [n, bytes] per table] of an unpacked payload."""
     ends = np.cumsum(rows * width)
-    if delta.dtype != np.uint8 or delta.shape != (int(ends[-1]) if tables else 0,):
-        raise InvalidRequest(f"a delta's bytes must be uint8 [{int(ends[-1]) if tables else 0}], "
-                             f"got {delta.dtype}{list(delta.shape)}")
     starts = ends - rows * width
-    return rows, ids, [delta[s:e].reshape(n, w) for s, e, n, w in zip(starts.tolist(), ends.tolist(),
-                                                                        rows.tolist(), width.tolist())]
+    return [delta[s:e].reshape(n, w) for s, e, n, w in zip(starts.tolist(), ends.tolist(), rows.tolist(), width.tolist())]

@@ -8,6 +8,7 @@ deltas (`take_outbox`) and reports their acknowledgements (`acked`).
 """
 from __future__ import annotations
 
+import operator
 import os
 from collections import deque
 
@@ -23,7 +24,7 @@ from . import snapshots
 from .retained import Retained
 from .optimizers import WRITES
 from .arena import Arena
-from .parity import Queued, delta_slots, fold, window_deltas
+from .parity import Named, Queued, delta_slots, fold, window_deltas
 from .shard import NotRebuilt, Shard, local_many, updated_many
 from .table import TableSpec
 
@@ -70,6 +71,7 @@ class Node:
         self.source = f"node/{position}/{clocks.token_hex(8)}"  # this incarnation, unique across processes
         self.shards: dict[str, Shard] = {}
         self.dropped: set[str] = set()  # tables dropped here (never created again): deltas for them are moot
+        self._lists: dict[tuple, Named] = {}  # the tables of delta messages seen, by the names they list
         self.write_seq = 0
         self.window_opened = self.clock()
         self._next_seq: dict[int, int] = {}
@@ -203,6 +205,7 @@ class Node:
         if shard is None:
             return {"dropped": False}, []
         shard.free()
+        self._lists.clear()  # it would keep the dropped shard, and its memory, alive
         self.queued = [entry for entry in (entry.without(msg.table) for entry in self.queued) if entry.shards]
         self.queued_rows = sum(entry.ids.size for entry in self.queued)
         for log in self.skipped.values():
@@ -458,22 +461,24 @@ class Node:
             return self._replaced_reply(msg), []
         if seq != last + 1:  # an earlier one is still on its way: the sender resends this one
             return messages.error(ErrorCode.OUT_OF_ORDER, f"expected delta {last + 1} of {source}, got {seq}"), []
-        rows, ids, deltas = payload.unpack(len(tables), arrays)
-        kept = [t for t, name in enumerate(tables) if not (isinstance(name, str) and name in self.dropped)]
-        shards = [self._shard(tables[t]) for t in kept]  # a table dropped here: sent before its drop, moot
-        for t, shard in zip(kept, shards):  # check everything before changing anything
-            if deltas[t].shape[1] != shard.width * 4:
-                raise InvalidRequest(f"table {shard.spec.name!r}: delta rows must be {shard.width * 4} bytes, "
-                                     f"got {deltas[t].shape[1]}")
-        if len(kept) < len(tables):
+        rows, width, ids, delta = payload.unpack(len(tables), arrays)
+        named = self._named(tables)
+        shards, kept = named.shards, named.kept
+        wrong = np.flatnonzero((width if named.all else width[kept]) != named.bytes)  # check all, then change
+        if wrong.size:
+            raise InvalidRequest(f"table {shards[wrong[0]].spec.name!r}: delta rows must be {named.bytes[wrong[0]]} "
+                                 f"bytes, got {width[kept[wrong[0]]]}")
+        one = named.all and width.size and (width == width[0]).all()
+        deltas = None if one else payload.split(rows, width, delta)
+        if not named.all:
             bounds = np.concatenate(([0], np.cumsum(rows))).tolist()
             ids, rows = np.concatenate([ids[bounds[t]:bounds[t + 1]] for t in kept] or [ids[:0]]), rows[kept]
-        slots = delta_slots(shards, rows, ids)  # every table's rows at once
-        widths = [shard.width * 4 for shard in shards]
-        if len(set(widths)) == 1:  # as usual: one width, the bytes as they came
-            delta = (arrays[2].reshape(-1, widths[0]) if len(kept) == len(tables)
-                     else np.concatenate([deltas[t] for t in kept]))
-            work = [Queued(shards, rows.tolist(), ids, delta, slots, source, seq)]
+        slots = delta_slots(shards, rows, ids, named)  # every table's rows at once
+        widths = named.bytes.tolist()
+        if deltas is None:  # as usual: one width, the bytes as they came
+            work = [Queued(shards, rows.tolist(), ids, delta.reshape(-1, widths[0]), slots, source, seq)]
+        elif len(set(widths)) == 1:
+            work = [Queued(shards, rows.tolist(), ids, np.concatenate([deltas[t] for t in kept]), slots, source, seq)]
         else:  # an entry per width: a fold takes rows of one width
             whole = Queued(shards, rows.tolist(), ids, None, slots, source, seq)
             work = [whole.take(picked, np.concatenate([deltas[kept[t]] for t in picked]))
@@ -493,6 +498,23 @@ class Node:
         if isinstance(clients, dict):  # the marks of the clients that wrote in that window: the others stand
             self.applied_clients.setdefault(source, {}).update(self._marks(clients))
         return {"ack": seq}, []
+
+    def _named(self, tables: list) -> Named:
+        """The shards of the tables a delta lists (InvalidRequest if one is unknown), those dropped here left
+        out; kept per list of names while its shards stand."""
+        try:
+            named = self._lists.get(key := tuple(tables))
+        except TypeError:  # a name that is no table at all
+            named, key = None, None
+        if named is not None and all(map(operator.is_, map(self.shards.get, named.names), named.shards)):
+            return named
+        kept = [t for t, name in enumerate(tables) if not (isinstance(name, str) and name in self.dropped)]
+        named = Named([self._shard(tables[t]) for t in kept], kept, len(tables))  # a dropped table's: moot
+        if key is not None:
+            if len(self._lists) >= 1024:
+                self._lists.clear()
+            self._lists[key] = named
+        return named
 
     def apply_queued(self) -> None:
         """Fold every received delta into the parity rows; keep what rows not rebuilt yet skipped."""

@@ -14,18 +14,33 @@ from ..errors import InvalidRequest
 from ..layout import Layout
 
 
-def delta_slots(shards: list, counts: np.ndarray, ids: np.ndarray) -> tuple:
+class Named:
+    """The shards of the tables a delta message names, as arrays: what its checks and `delta_slots` need of
+    each (`kept`: the message's indices of these tables; the others were dropped here)."""
+
+    __slots__ = ("shards", "names", "kept", "all", "bytes", "num_rows", "offsets")
+
+    def __init__(self, shards: list, kept: list, tables: int):
+        self.shards, self.kept, self.all = shards, kept, len(kept) == tables
+        self.names = [s.spec.name for s in shards]
+        self.bytes = np.array([s.width * 4 for s in shards], dtype=np.int64)
+        self.num_rows = np.array([s.spec.num_rows for s in shards], dtype=np.int64)
+        self.offsets = np.array([s.layout.offset for s in shards], dtype=np.int64)
+
+
+def delta_slots(shards: list, counts: np.ndarray, ids: np.ndarray, named: Named | None = None) -> tuple:
     """`Shard.delta_slots` of the rows of several tables of one node at once: `ids` holds each shard's rows
-    one shard after the other, `counts[t]` of them for `shards[t]`. Raises InvalidRequest naming the table
-    of the first row that is out of range, whose parity is not on this node, or whose stripe does not
-    ascend within its table."""
+    one shard after the other, `counts[t]` of them for `shards[t]` (`named`: of these shards, if at hand).
+    Raises InvalidRequest naming the table of the first row that is out of range, whose parity is not on this
+    node, or whose stripe does not ascend within its table."""
     if not shards:
         return ids[:0], ids[:0], ids[:0]
     node, bounds = shards[0].node, np.cumsum(counts)
-    layout = Layout.of_rows([s.layout for s in shards], counts)
+    layout = Layout.of_rows([s.layout for s in shards], counts, named and named.offsets)
     name = lambda row: shards[int(np.searchsorted(bounds, row, side="right"))].spec.name  # noqa: E731
-    limit = shards[0].spec.num_rows if len(shards) == 1 else np.repeat([s.spec.num_rows for s in shards], counts)
-    bad = np.flatnonzero((ids < 0) | (ids >= limit))
+    limit = shards[0].spec.num_rows if len(shards) == 1 else np.repeat(
+        named.num_rows if named else [s.spec.num_rows for s in shards], counts)
+    bad = np.flatnonzero(np.asarray(ids, dtype=np.int64).view(np.uint64) >= limit)  # a negative id: a huge one
     if bad.size:
         raise InvalidRequest(f"table {name(bad[0])!r}: id {ids[bad[0]]} is out of range "
                              f"[0, {np.broadcast_to(limit, ids.shape)[bad[0]]})")
