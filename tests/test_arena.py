@@ -1,5 +1,6 @@
-"""The parity arena: a node's tables of one row size keep their parity rows in shared blocks, a delta
-message naming many tables folds into them at once, and a dropped table's rows are given back."""
+"""The arenas: a node's tables of one row size keep their parity rows, and their records, in shared blocks;
+a delta message naming many tables folds into them at once, a write of many tables gathers and scatters
+their records at once, and a dropped table's rows are given back."""
 import mmap
 
 import numpy as np
@@ -58,3 +59,45 @@ def test_tables_sharing_a_block_fold_one_message_into_the_right_rows(code, k, r)
         check_parity(cluster, client)
         for t in (0, 3):
             np.testing.assert_array_equal(read_records(client, f"t{t}", np.arange(2000 + 100 * t)), expected[t])
+
+
+def test_a_many_table_write_to_tables_sharing_a_records_block_or_not_lands_as_table_by_table_writes():
+    """Tables of one record size share a block of the node's records arena; one handed over keeps its own
+    array. A write naming all of them (a gather and a scatter per block) leaves every record as writing
+    the tables one at a time does, and a dropped table's records are given back."""
+    rng = np.random.default_rng(11)
+    names = [f"t{t}" for t in range(4)]
+    writes = [{name: (rng.choice(900, 120, replace=False), rng.normal(size=(120, 8)).astype(np.float32))
+               for name in names} for _ in range(3)]
+    got = {}
+    for together in (True, False):
+        with ectable.LocalCluster(nodes=4, code="xor", k=3, r=1, processes=False) as cluster:
+            client = cluster.connect()
+            for t, name in enumerate(names):
+                client.create_table(name, num_rows=900, dim=8, optimizer="adagrad", lr=0.1, init="normal", seed=t)
+            node = cluster.node(0)
+            if together:
+                shard = node.shards["t2"]
+                shard.adopt(shard.records.copy())  # as a handover installs an array it was sent
+                blocks = {name: node.shards[name].rblock for name in names}
+                assert blocks["t0"] is blocks["t1"] is blocks["t3"] is not None and blocks["t2"] is None
+            for batch in writes:
+                if together:
+                    client.apply_gradient_many(batch)
+                else:
+                    for name, value in batch.items():
+                        client.apply_gradient(name, *value)
+                client.step()
+            client.flush()
+            check_parity(cluster, client)
+            got[together] = {name: read_records(client, name, np.arange(900)) for name in names}
+            if together:
+                shard = node.shards["t1"]
+                block, base, rows = shard.rblock, shard.rbase, shard.records.shape[0]
+                assert block.rows[base: base + rows].any()
+                client.drop_table("t1")
+                page = mmap.PAGESIZE  # the range's whole pages are zeros again
+                start, end = -(-base * block.rows.shape[1] // page) * page, (base + rows) * block.rows.shape[1] // page * page
+                assert end > start and not block.rows.reshape(-1)[start:end].any()
+    for name in names:
+        np.testing.assert_array_equal(got[True][name], got[False][name])

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 
 NOT_STATE = {"clock", "config", "code", "spec", "layout", "optimizer", "_order", "_local", "_delta", "sources",
              "arena", "block", "parity_base",  # where parity rows sit in memory: compared as `parity`
+             "records_arena", "rblock", "rbase",  # where records sit in memory: compared as `records`
              "_lists"}  # what the table lists of deltas resolve to: a cache
 TIMES = {"window_opened", "rebuild_since", "writer_seen", "gone", "promised", "late"}  # travel as ages: equal within 1 s
 

@@ -7,7 +7,7 @@ from ectable.checkpoint import pieces
 from ectable.codes import get_code
 from ectable.layout import Layout
 from ectable.storage import snapshots
-from ectable.storage.shard import Shard, updated_many
+from ectable.storage.shard import Shard, commit_many, updated_many
 from ectable.storage.table import TableSpec
 
 ROWS, DIM = 400, 4
@@ -21,8 +21,8 @@ def shard() -> Shard:
 def write(s: Shard, ids: np.ndarray, seed: int) -> None:
     ids = np.unique(ids)
     grads = np.random.default_rng(seed).normal(size=(ids.size, DIM)).astype(np.float32)
-    ((local, old, rows),) = updated_many([(s, "apply_gradient", ids, grads)])
-    s.commit(local, old, rows)
+    (update,), scatters = updated_many([(s, "apply_gradient", ids, grads)])
+    commit_many([(s, *update)], scatters)
 
 
 def owned(s: Shard) -> np.ndarray:

@@ -1,6 +1,8 @@
-"""The parity rows of a node's tables, kept together: tables whose parity rows have the same size share
-large blocks, so that a delta message naming many tables folds into parity with one gather, XOR and
-scatter per block instead of one per table (`parity.fold`).
+"""The rows of a node's tables, kept together: tables whose rows have the same size share large blocks, so
+that a request naming many tables touches each block with one gather or scatter instead of one per table.
+A node keeps its tables' parity rows in one arena (a delta message naming many tables folds into parity with
+one gather, XOR and scatter per block: `parity.fold`) and their records in another (a write of many tables
+gathers and scatters records once per block: `shard.updated_many`).
 
 A block is a private anonymous memory map: pages never written take no memory, so a block can be much larger
 than the tables in it, and a dropped table's pages are given back at once. A dropped table's range is not
@@ -16,7 +18,7 @@ BLOCK_BYTES = 1 << 26  # a block's size, unless one table needs more (then it ha
 
 
 class Block:
-    """One mapping of parity rows of `row_bytes` bytes each, handed out in ranges from its start."""
+    """One mapping of rows of `row_bytes` bytes each, handed out in ranges from its start."""
 
     def __init__(self, rows: int, row_bytes: int):
         try:
@@ -26,6 +28,7 @@ class Block:
         if hasattr(mmap, "MADV_HUGEPAGE"):  # as numpy asks for its large arrays: fewer TLB misses on random rows
             self._map.madvise(mmap.MADV_HUGEPAGE)
         self.rows = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes).reshape(rows, row_bytes)
+        self.floats = self.rows.view(np.float32) if row_bytes % 4 == 0 else None  # the rows as float32 records
         self.used = 0  # rows handed out, from the start
         self.tables = 0  # ranges still in use
 
@@ -39,14 +42,14 @@ class Block:
 
 
 class Arena:
-    """The blocks of one node, by parity row size."""
+    """The blocks of one node, by row size."""
 
     def __init__(self, block_bytes: int = BLOCK_BYTES):
         self.block_bytes = block_bytes
         self.blocks: dict[int, list[Block]] = {}
 
     def take(self, rows: int, row_bytes: int) -> tuple[Block, int]:
-        """A range of `rows` zeroed parity rows: (its block, its first row there)."""
+        """A range of `rows` zeroed rows: (its block, its first row there)."""
         if rows == 0:
             return Block(0, row_bytes), 0
         blocks = self.blocks.setdefault(row_bytes, [])

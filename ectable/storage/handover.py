@@ -151,7 +151,10 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: 
     def install(holder, name: str, i: int) -> None:
         a = get(i, getattr(holder, name))
         if own and a.flags.writeable and a.flags.c_contiguous and name != "parity":  # parity: in the node's arena
-            setattr(holder, name, a)
+            if name == "records":
+                holder.adopt(a)
+            else:
+                setattr(holder, name, a)
         else:
             getattr(holder, name)[:] = a
 
@@ -166,7 +169,7 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: 
                 raise ValueError(f"table {s.spec.name!r}: its rows were not copied, or not all of them")
             if changed.dtype != np.int64 or changed.ndim != 1 or changed.size and changed.min() < 0:
                 raise ValueError(f"table {s.spec.name!r}: changed rows must be int64 offsets")
-            s.records = base
+            s.adopt(base)
             s.records[changed] = get(entry["changed"][1], s.records[:changed.size])
         install(s, "parity", entry["parity"])
         install(s, "versions", entry["versions"])

@@ -25,7 +25,7 @@ from .retained import Retained
 from .optimizers import WRITES
 from .arena import Arena
 from .parity import Named, Queued, delta_slots, fold, window_deltas
-from .shard import NotRebuilt, Shard, local_many, updated_many
+from .shard import NotRebuilt, Shard, commit_many, local_many, updated_many
 from .table import TableSpec
 
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
@@ -98,6 +98,7 @@ class Node:
         self.writer: snapshots.Writer | None = None  # the pieces of this node's last checkpoint
         self.retained = Retained(None if rebuilding else 0)  # others' recent windows, to roll back to if their sender dies
         self.arena = Arena()  # every table's parity rows
+        self.records_arena = Arena()  # every table's records
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
         self.queued_rows = 0
         self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
@@ -190,7 +191,8 @@ class Node:
             raise InvalidRequest(f"table {spec.name!r}: {spec.num_rows} rows of {spec.width} float32 need "
                                  f"{need / 2**30:.1f} GiB on each node; this node has {free / 2**30:.1f} GiB available")
         try:
-            self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding, self.arena)
+            self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding, self.arena,
+                                           self.records_arena)
         except MemoryError:
             raise InvalidRequest(f"table {spec.name!r}: not enough memory on node {self.position} for "
                                  f"{need / 2**30:.1f} GiB") from None
@@ -326,17 +328,17 @@ class Node:
                 for (n, shard, kind), ids in zip(kept, checked)]
 
     @staticmethod
-    def _updates(work, finite: bool = False) -> list:
-        """[(shard, local rows, their records, new records)] of checked writes (`finite`: refused if a new
-        record is not); nothing is applied yet."""
-        return [(shard, *update) for (shard, *_), update in zip(work, updated_many(work, finite))]
+    def _updates(work, finite: bool = False) -> tuple[list, list]:
+        """([(shard, local rows, their records, new records)], scatters) of checked writes (`finite`: refused if a
+        new record is not); nothing is applied yet."""
+        updates, scatters = updated_many(work, finite)
+        return [(shard, *update) for (shard, *_), update in zip(work, updates)], scatters
 
     def _apply_write(self, updates, cid, cseq) -> int:
         """Install a write's `_updates` as this node's next write; its sequence number."""
         if self.write_seq == self.closed_upto:
             self.window_opened = self.clock()  # the window's age counts from its first write
-        for shard, local, old, rows in updates:
-            shard.commit(local, old, rows)
+        commit_many(*updates)
         self.write_seq += 1
         if cid is not None:
             self.writer_seen[writer_of(cid)] = self.clock()

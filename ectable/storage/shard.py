@@ -40,12 +40,15 @@ class Shard:
     """Data rows (weights + optimizer state, float32) and parity rows (bytes) of a table on node `node`."""
 
     def __init__(self, spec: TableSpec, layout: Layout, node: int, code: Code, rebuilding: bool = False,
-                 arena: Arena | None = None):
-        """`arena`: where the parity rows go (the node's, shared with its other tables; None: a block of their own)."""
+                 arena: Arena | None = None, records: Arena | None = None):
+        """`arena`: where the parity rows go, `records` where the data records go (the node's, shared with its
+        other tables; None: blocks of their own)."""
         self.spec, self.layout, self.node, self.code = spec, layout, node, code
         self.optimizer = spec.make_optimizer()
         self.dim, self.width = spec.dim, spec.width
-        self.records = np.zeros((layout.data_capacity(), self.width), dtype=np.float32)
+        self.records_arena = records if records is not None else Arena(block_bytes=0)
+        self.rblock, self.rbase = self.records_arena.take(layout.data_capacity(), self.width * 4)
+        self.records = self.rblock.floats[self.rbase: self.rbase + layout.data_capacity()]  # zeros until written
         self.arena = arena if arena is not None else Arena(block_bytes=0)
         self.block, self.parity_base = self.arena.take(layout.parity_capacity(), self.width * 4)
         self.parity = self.block.rows[self.parity_base: self.parity_base + layout.parity_capacity()]
@@ -163,13 +166,11 @@ class Shard:
             return out if records else np.ascontiguousarray(out[:, : self.dim])
         return np.take(self.records, local, axis=0) if records else self.records[local, : self.dim]  # one gather
 
-    def commit(self, local, old, rows) -> None:
-        """Install new records `rows` of local rows whose records are `old` (from `updated_many`, nothing written
-        since), adding their changes to the window."""
-        for frozen in self.frozen:
-            frozen.save(local)
-        self.window.record(local, old, rows)
-        put_rows(self.records, local, rows)
+    def adopt(self, records: np.ndarray) -> None:
+        """Keep the records in `records` (float32 [data capacity, width], handed over) instead of the arena."""
+        if self.rblock is not None:
+            self.records_arena.give(self.rblock, self.rbase, self.records.shape[0])
+        self.records, self.rblock, self.rbase = records, None, 0
 
     # -- parity rows -----------------------------------------------------
     def parity_slots(self, stripes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -210,8 +211,10 @@ class Shard:
         return self.parity_base + local
 
     def free(self) -> None:
-        """Give the parity rows' memory back (the table is dropped)."""
+        """Give the memory of the records and parity rows back (the table is dropped)."""
         self.arena.give(self.block, self.parity_base, self.parity.shape[0])
+        if self.rblock is not None:
+            self.records_arena.give(self.rblock, self.rbase, self.records.shape[0])
 
     def read_parity(self, stripes) -> tuple[np.ndarray, np.ndarray]:
         """Parity rows of `stripes` and how many degraded writes each holds (a decode that reads two
@@ -298,34 +301,59 @@ class Shard:
         return self.records.nbytes + self.parity.nbytes + self.window.dirty.nbytes
 
 
-def updated_many(work: list, finite: bool = False) -> list:
+def updated_many(work: list, finite: bool = False) -> tuple[list, list]:
     """Several writes [(shard, kind, ids, values)], each a "put" of weights, an "apply_gradient" of gradients
-    or a "records" write, computed but not applied (see `Shard.commit`): [(local offsets, records now, new
-    records)] each. The writes of one kind to tables of one optimizer and record width take one optimizer
-    step together (per-table calls, not rows, were most of what a node spent on a many-table write). With
-    `finite`, InvalidRequest (`validate.finite_result`) if a new record is not finite."""
+    or a "records" write, computed but not applied (see `commit_many`): ([(local offsets, records now, new
+    records)] each, [(array, rows, new records)] to scatter). The writes of one kind to tables of one optimizer
+    and record width take one optimizer step together, and the records of those in one block of the node's
+    arena are gathered and scattered together (per-table calls, not rows, were most of what a node spent on a
+    many-table write). With `finite`, InvalidRequest (`validate.finite_result`) if a new record is not finite."""
     out: list = [None] * len(work)
+    scatters: list = []
     groups: dict = {}
     for n, (shard, kind, _, _) in enumerate(work):
         opt = shard.optimizer
         groups.setdefault((kind, shard.dim, shard.width, opt.name, opt.lr, opt.eps), []).append(n)
     located = local_many([(shard, ids) for shard, _, ids, _ in work])
     for (kind, dim, *_), members in groups.items():
-        olds = []
+        runs = []  # [(array, rows in it, members)]: members whose records share a block, one gather each
         for n in members:
             shard = work[n][0]
             shard._compute(located[n])
-            olds.append(np.take(shard.records, located[n], axis=0))
-        rows = np.concatenate(olds)  # a copy of what was gathered: no second gather of scattered rows
+            if runs and shard.rblock is not None and runs[-1][0] is shard.rblock.floats:
+                runs[-1][1].append(shard.rbase + located[n])
+                runs[-1][2].append(n)
+            elif shard.rblock is not None:
+                runs.append((shard.rblock.floats, [shard.rbase + located[n]], [n]))
+            else:
+                runs.append((shard.records, [located[n]], [n]))
+        runs = [(array, rows[0] if len(rows) == 1 else np.concatenate(rows), ns) for array, rows, ns in runs]
+        gathered = [np.take(array, rows, axis=0) for array, rows, _ in runs]
+        rows = np.concatenate(gathered) if len(gathered) > 1 else gathered[0].copy()  # the new records, in place
         values = np.concatenate([work[n][3] for n in members]) if len(members) > 1 else work[members[0]][3]
         write_rows(work[members[0]][0].optimizer, kind, rows, values, dim)
-        news = np.split(rows, np.cumsum([old.shape[0] for old in olds])[:-1].tolist())
-        for n, old, new in zip(members, olds, news):
-            out[n] = (located[n], old, new)
+        at = 0
+        for (array, where, ns), old in zip(runs, gathered):
+            scatters.append((array, where, rows[at: at + old.shape[0]]))
+            for n in ns:
+                count = located[n].size
+                out[n] = (located[n], old[: count], rows[at: at + count])
+                old, at = old[count:], at + count
         if finite and not np.isfinite(rows).all():
             for n in members:  # name the first table it happened in
                 validate.finite_result(work[n][0].spec.name, kind, work[n][2], out[n][2])
-    return out
+    return out, scatters
+
+
+def commit_many(updates: list, scatters: list) -> None:
+    """Install computed writes (`updated_many`: [(shard, local rows, their records, new records)] and the
+    scatters), nothing written since: checkpoint copies taken first, changes added to each shard's window."""
+    for shard, local, old, rows in updates:
+        for frozen in shard.frozen:
+            frozen.save(local)
+        shard.window.record(local, old, rows)
+    for array, where, rows in scatters:
+        put_rows(array, where, rows)
 
 
 def local_many(work: list) -> list:
