@@ -91,11 +91,8 @@ def rows(table: str, value, n: int, dim: int, what: str = "rows", ids_shape: tup
     want = (n, dim) if ids_shape is None else tuple(ids_shape) + (dim,)
     if arr.shape != want:
         raise InvalidRequest(f"table {table!r}: {what} must have shape {want}, got {arr.shape}")
-    if arr.dtype == np.float32:
-        arr = np.ascontiguousarray(arr.reshape(n, dim))
-    else:
-        with np.errstate(over="ignore"):  # float64 beyond float32 becomes inf: refused below
-            arr = np.ascontiguousarray(arr.reshape(n, dim), dtype=np.float32)
+    with np.errstate(over="ignore"):  # float64 beyond float32 becomes inf: refused below
+        arr = np.ascontiguousarray(arr.reshape(n, dim), dtype=np.float32)
     if arr.size and not np.isfinite(arr).all():
         where = np.argwhere(~np.isfinite(arr))[0]
         raise InvalidRequest(f"table {table!r}: {what} hold a non-finite value {arr[tuple(where)]} at {tuple(int(x) for x in where)}")

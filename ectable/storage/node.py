@@ -25,7 +25,7 @@ from .retained import Retained
 from .optimizers import WRITES
 from .arena import Arena
 from .parity import Named, Queued, delta_slots, fold, window_deltas
-from .shard import NotRebuilt, Shard, commit_many, local_many, read_many, updated_many
+from .shard import NotRebuilt, Shard, commit_many, local_many, updated_many
 from .table import TableSpec
 
 MAX_QUEUED_ROWS = 1 << 18  # received delta rows held before they must be folded into parity
@@ -251,7 +251,8 @@ class Node:
         lacking = [shard.lacks(ids) for shard, ids in work] if msg.partial else []
         if not msg.lacking and not any(lacks.any() for lacks in lacking):
             self._need_rebuilt(work)
-            return {}, read_many(work, local_many(work), records=msg.records)
+            return {}, [shard.read(ids, records=msg.records, local=local)
+                        for (shard, ids), local in zip(work, local_many(work))]
         rows = []
         for (shard, ids), lacks in zip(work, lacking):
             out = np.zeros((ids.size, shard.width if msg.records else shard.dim), dtype=np.float32)

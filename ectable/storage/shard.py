@@ -316,8 +316,18 @@ def updated_many(work: list, finite: bool = False) -> tuple[list, list]:
         groups.setdefault((kind, shard.dim, shard.width, opt.name, opt.lr, opt.eps), []).append(n)
     located = local_many([(shard, ids) for shard, _, ids, _ in work])
     for (kind, dim, *_), members in groups.items():
-        runs = _runs([work[n][0] for n in members], [located[n] for n in members])
-        runs = [(array, rows, [members[i] for i in at]) for array, rows, at in runs]
+        runs = []  # [(array, rows in it, members)]: members whose records share a block, one gather each
+        for n in members:
+            shard = work[n][0]
+            shard._compute(located[n])
+            if runs and shard.rblock is not None and runs[-1][0] is shard.rblock.floats:
+                runs[-1][1].append(shard.rbase + located[n])
+                runs[-1][2].append(n)
+            elif shard.rblock is not None:
+                runs.append((shard.rblock.floats, [shard.rbase + located[n]], [n]))
+            else:
+                runs.append((shard.records, [located[n]], [n]))
+        runs = [(array, rows[0] if len(rows) == 1 else np.concatenate(rows), ns) for array, rows, ns in runs]
         gathered = [np.take(array, rows, axis=0) for array, rows, _ in runs]
         rows = np.concatenate(gathered) if len(gathered) > 1 else gathered[0].copy()  # the new records, in place
         values = np.concatenate([work[n][3] for n in members]) if len(members) > 1 else work[members[0]][3]
@@ -333,39 +343,6 @@ def updated_many(work: list, finite: bool = False) -> tuple[list, list]:
             for n in members:  # name the first table it happened in
                 validate.finite_result(work[n][0].spec.name, kind, work[n][2], out[n][2])
     return out, scatters
-
-
-def read_many(work: list, local: list, records: bool = False) -> list:
-    """`Shard.read` of each (shard, ids) of `work` (`local`: their offsets, checked already), shards of one
-    node: the rows of tables whose records share a block gathered at once."""
-    out: list = [None] * len(work)
-    for array, rows, at in _runs([shard for shard, _ in work], local):
-        width = {work[n][0].width if records else work[n][0].dim for n in at}
-        if len(width) > 1:  # a block's tables differ in dim (records of one size): table by table
-            for n in at:
-                out[n] = work[n][0].read(work[n][1], records=records, local=local[n])
-            continue
-        got = np.take(array, rows, axis=0) if records else array[rows, : width.pop()]
-        ends = np.cumsum([local[n].size for n in at]).tolist()
-        for n, a, b in zip(at, [0, *ends], ends):
-            out[n] = got[a:b]
-    return out
-
-
-def _runs(shards: list, local: list) -> list:
-    """[(array, rows in it, indices into `shards`)]: consecutive shards whose records share a block of the
-    arena, their rows there (one gather each); a shard with records of its own alone. Fresh rows of them
-    all are computed first."""
-    runs: list = []
-    for n, (shard, mine) in enumerate(zip(shards, local)):
-        shard._compute(mine)
-        block = shard.rblock
-        if runs and block is not None and runs[-1][0] is block.floats:
-            runs[-1][1].append(shard.rbase + mine)
-            runs[-1][2].append(n)
-        else:
-            runs.append((shard.records, [mine], [n]) if block is None else (block.floats, [shard.rbase + mine], [n]))
-    return [(array, rows[0] if len(rows) == 1 else np.concatenate(rows), at) for array, rows, at in runs]
 
 
 def commit_many(updates: list, scatters: list) -> None:
