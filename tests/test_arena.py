@@ -101,3 +101,34 @@ def test_a_many_table_write_to_tables_sharing_a_records_block_or_not_lands_as_ta
                 assert end > start and not block.rows.reshape(-1)[start:end].any()
     for name in names:
         np.testing.assert_array_equal(got[True][name], got[False][name])
+
+
+def test_a_many_table_read_of_tables_sharing_a_records_block_or_not_reads_every_row_as_its_shard_holds_it():
+    """One read naming tables that share a records block (of one dim, and of two dims with records of one
+    size) and a table with records of its own gets each row as its shard's own array holds it."""
+    with ectable.LocalCluster(nodes=4, code="xor", k=3, r=1, processes=False) as cluster:
+        client = cluster.connect()
+        for t in range(3):
+            client.create_table(f"d8-{t}", num_rows=700, dim=8, init="normal", seed=t)  # records of 8 floats
+        client.create_table("d4", num_rows=700, dim=4, optimizer="adagrad", lr=0.1, init="normal", seed=9)  # 4 + 4
+        rng = np.random.default_rng(2)
+        names = ["d8-0", "d8-1", "d4", "d8-2"]
+        client.apply_gradient_many({name: (np.arange(0, 700, 3), rng.normal(size=(234, 8 if name != "d4" else 4))
+                                           .astype(np.float32)) for name in names})
+        client.step()
+        client.get_many({name: np.arange(700) for name in names})  # every row's initial value computed
+        node = cluster.node(1)
+        shard = node.shards["d8-1"]
+        shard.adopt(shard.records.copy())  # as a handover installs an array it was sent
+        assert node.shards["d8-0"].rblock is node.shards["d4"].rblock is node.shards["d8-2"].rblock is not None
+        batch = {name: rng.integers(0, 700, 300) for name in names}
+        for records in (False, True):
+            got = client.get_many(batch, records=records)
+            for name, ids in batch.items():
+                layout = node.shards[name].layout
+                want = np.empty_like(got[name])
+                for p in range(4):  # each row from its node's shard, as its array holds it
+                    mine = layout.data_node(ids) == p
+                    held = cluster.node(p).shards[name].records[layout.data_offset(ids[mine])]
+                    want[mine] = held if records else held[:, : node.shards[name].dim]
+                np.testing.assert_array_equal(got[name], want)
