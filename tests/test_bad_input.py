@@ -186,6 +186,8 @@ WIRE = [
     (DELTA, [np.array([[1, 36]]), np.array([5000]), np.zeros(36, np.uint8)], "5000"),
     (DELTA, [np.array([[-1, 36]]), I64[:0], np.zeros(0, np.uint8)], ">= 0"),
     (DELTA, [np.array([[1, 36]]), np.array([-1]), np.zeros(36, np.uint8)], "id -1"),
+    ({**DELTA, "tables": ["items", "twin", "users"]},  # rows whose int64 sum wraps around to the one id
+     [np.array([[2 ** 63 - 1, 36], [2 ** 63 - 1, 36], [3, 32]]), I64[:1], np.zeros(24, np.uint8)], f"ids must be int64 [{2 ** 64 + 1}]"),
     ({**DELTA, "tables": [["items"]]}, [np.array([[1, 36]]), I64[:1], np.zeros(36, np.uint8)], "['items']"),
     ({"op": "holds", "table": "nope"}, [I64], "'nope'"),
     ({"op": "get_parity", "table": "items"}, [np.array([10 ** 9])], "1000000000"),

@@ -1,5 +1,7 @@
 """drop_table: frees a table on every node with its parity; racing drops, creates, writes and kills."""
+import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -194,7 +196,10 @@ def test_a_delta_listing_a_table_dropped_since_its_list_was_last_seen_folds_the_
 
         before = node.shards["a"].parity.copy()
         first = send(1)
+        dropped = weakref.ref(node.shards["b"])
         client.drop_table("b")
+        gc.collect()
+        assert dropped() is None  # nothing kept of it, and of its memory
         second = send(2)  # the same list of tables as the first
         assert "b" not in node.shards and all(s.spec.name == "a" for e in node.queued for s in e.shards)
         node.apply_queued()

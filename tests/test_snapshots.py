@@ -52,6 +52,18 @@ def test_the_writer_reads_every_row_as_it_was_at_the_cut_whatever_is_written_mea
     assert frozen[:].tobytes() == want.tobytes()
 
 
+def test_a_checkpoint_still_copying_a_dropped_table_keeps_its_rows_as_they_were():
+    """The table is dropped while its checkpoint copies rows: they are copied before their memory goes."""
+    s = shard()
+    mine = owned(s)
+    write(s, mine, 0)
+    ids, frozen = snapshots.take(s, "full", "chain", 1)
+    want = s.records[frozen.local].copy()
+    assert want.any() and frozen.copied.sum() == 0
+    s.free()
+    assert frozen[:].tobytes() == want.tobytes() and s.frozen == ()
+
+
 def test_a_writer_writes_the_cut_and_a_cancelled_one_stops_taking_rows(tmp_path):
     s = shard()
     mine = owned(s)

@@ -38,9 +38,10 @@ def unpack(tables: int, arrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     rows, width = shape[:, 0], shape[:, 1]
     if tables and (rows.min() < 0 or width.min() < 1 or width.max() > MAX_ROW_BYTES):
         raise InvalidRequest("a delta's rows per table must be >= 0 and its bytes per row in [1, 2**20]")
-    if ids.dtype != np.int64 or ids.shape != (int(rows.sum()),):
-        raise InvalidRequest(f"a delta's ids must be int64 [{int(rows.sum())}], got {ids.dtype}{list(ids.shape)}")
-    size = int(rows @ width) if tables else 0
+    total = sum(rows.tolist())  # in Python's integers: an int64 sum of forged counts can wrap around
+    if ids.dtype != np.int64 or ids.shape != (total,):
+        raise InvalidRequest(f"a delta's ids must be int64 [{total}], got {ids.dtype}{list(ids.shape)}")
+    size = int(rows @ width)  # (every count is at most the ids': no wrapping)
     if delta.dtype != np.uint8 or delta.shape != (size,):
         raise InvalidRequest(f"a delta's bytes must be uint8 [{size}], got {delta.dtype}{list(delta.shape)}")
     return rows, width, ids, delta

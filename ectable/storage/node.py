@@ -192,7 +192,7 @@ class Node:
                                  f"{need / 2**30:.1f} GiB on each node; this node has {free / 2**30:.1f} GiB available")
         try:
             self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding, self.arena,
-                                           self.records_arena)
+                                           records_arena=self.records_arena)
         except MemoryError:
             raise InvalidRequest(f"table {spec.name!r}: not enough memory on node {self.position} for "
                                  f"{need / 2**30:.1f} GiB") from None
@@ -334,11 +334,11 @@ class Node:
         updates, scatters = updated_many(work, finite)
         return [(shard, *update) for (shard, *_), update in zip(work, updates)], scatters
 
-    def _apply_write(self, updates, cid, cseq) -> int:
-        """Install a write's `_updates` as this node's next write; its sequence number."""
+    def _apply_write(self, computed: tuple, cid, cseq) -> int:
+        """Install a write as `_updates` computed it, as this node's next write; its sequence number."""
         if self.write_seq == self.closed_upto:
             self.window_opened = self.clock()  # the window's age counts from its first write
-        commit_many(*updates)
+        commit_many(*computed)
         self.write_seq += 1
         if cid is not None:
             self.writer_seen[writer_of(cid)] = self.clock()

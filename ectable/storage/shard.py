@@ -40,13 +40,13 @@ class Shard:
     """Data rows (weights + optimizer state, float32) and parity rows (bytes) of a table on node `node`."""
 
     def __init__(self, spec: TableSpec, layout: Layout, node: int, code: Code, rebuilding: bool = False,
-                 arena: Arena | None = None, records: Arena | None = None):
-        """`arena`: where the parity rows go, `records` where the data records go (the node's, shared with its
-        other tables; None: blocks of their own)."""
+                 arena: Arena | None = None, records_arena: Arena | None = None):
+        """`arena`: where the parity rows go, `records_arena` where the data records go (the node's, shared with
+        its other tables; None: blocks of their own)."""
         self.spec, self.layout, self.node, self.code = spec, layout, node, code
         self.optimizer = spec.make_optimizer()
         self.dim, self.width = spec.dim, spec.width
-        self.records_arena = records if records is not None else Arena(block_bytes=0)
+        self.records_arena = records_arena if records_arena is not None else Arena(block_bytes=0)
         self.rblock, self.rbase = self.records_arena.take(layout.data_capacity(), self.width * 4)
         self.records = self.rblock.floats[self.rbase: self.rbase + layout.data_capacity()]  # zeros until written
         self.arena = arena if arena is not None else Arena(block_bytes=0)
@@ -211,7 +211,10 @@ class Shard:
         return self.parity_base + local
 
     def free(self) -> None:
-        """Give the memory of the records and parity rows back (the table is dropped)."""
+        """Give the memory of the records and parity rows back (the table is dropped); a checkpoint still
+        copying rows of it takes them first."""
+        for frozen in self.frozen:
+            frozen.save(frozen.local)
         self.arena.give(self.block, self.parity_base, self.parity.shape[0])
         if self.rblock is not None:
             self.records_arena.give(self.rblock, self.rbase, self.records.shape[0])
