@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 import ectable
+from ectable.cluster.maps import StoredMap
 from ectable.codes import get_code
 from ectable.testing import read_records
 
@@ -142,10 +143,7 @@ def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=N
 def _rebuilding(cluster, p: int, looked_only: bool) -> bool:
     """Whether the map shows position p rebuilding; `looked_only`: as last read, with no side effect (another
     thread, the lookahead's, uses the cluster: only it may fail nodes over)."""
-    if not looked_only:
-        return cluster.state(p) == "rebuilding"
-    state = cluster._map.states[p]
-    return state != "dead" and (state == "rebuilding" or cluster._map.sources[p] in cluster._rebuilding)
+    return (StoredMap.state(cluster, p) if looked_only else cluster.state(p)) == "rebuilding"
 
 
 def phases(times: np.ndarray, rebuilding: np.ndarray, kill_at: int) -> tuple:

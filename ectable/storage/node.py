@@ -470,16 +470,15 @@ class Node:
         if wrong.size:
             raise InvalidRequest(f"table {shards[wrong[0]].spec.name!r}: delta rows must be {named.bytes[wrong[0]]} "
                                  f"bytes, got {width[kept[wrong[0]]]}")
-        one = named.all and width.size and (width == width[0]).all()
-        deltas = None if one else payload.split(rows, width, delta)
+        deltas = None if named.all and named.width is not None else payload.split(rows, width, delta)
         if not named.all:
             bounds = np.concatenate(([0], np.cumsum(rows))).tolist()
             ids, rows = np.concatenate([ids[bounds[t]:bounds[t + 1]] for t in kept] or [ids[:0]]), rows[kept]
         slots = delta_slots(shards, rows, ids, named)  # every table's rows at once
         widths = named.bytes.tolist()
         if deltas is None:  # as usual: one width, the bytes as they came
-            work = [Queued(shards, rows.tolist(), ids, delta.reshape(-1, widths[0]), slots, source, seq)]
-        elif len(set(widths)) == 1:
+            work = [Queued(shards, rows.tolist(), ids, delta.reshape(-1, named.width), slots, source, seq)]
+        elif named.width is not None:
             work = [Queued(shards, rows.tolist(), ids, np.concatenate([deltas[t] for t in kept]), slots, source, seq)]
         else:  # an entry per width: a fold takes rows of one width
             whole = Queued(shards, rows.tolist(), ids, None, slots, source, seq)

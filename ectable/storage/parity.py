@@ -18,12 +18,13 @@ class Named:
     """The shards of the tables a delta message names, as arrays: what its checks and `delta_slots` need of
     each (`kept`: the message's indices of these tables; the others were dropped here)."""
 
-    __slots__ = ("shards", "names", "kept", "all", "bytes", "num_rows", "offsets")
+    __slots__ = ("shards", "names", "kept", "all", "bytes", "width", "num_rows", "offsets")
 
     def __init__(self, shards: list, kept: list, tables: int):
         self.shards, self.kept, self.all = shards, kept, len(kept) == tables
         self.names = [s.spec.name for s in shards]
         self.bytes = np.array([s.width * 4 for s in shards], dtype=np.int64)
+        self.width = self.bytes[0] if shards and (self.bytes == self.bytes[0]).all() else None  # bytes a row: one
         self.num_rows = np.array([s.spec.num_rows for s in shards], dtype=np.int64)
         self.offsets = np.array([s.layout.offset for s in shards], dtype=np.int64)
 

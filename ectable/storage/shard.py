@@ -323,13 +323,12 @@ def updated_many(work: list, finite: bool = False) -> tuple[list, list]:
         for n in members:
             shard = work[n][0]
             shard._compute(located[n])
-            if runs and shard.rblock is not None and runs[-1][0] is shard.rblock.floats:
-                runs[-1][1].append(shard.rbase + located[n])
+            array, base = (shard.records, 0) if shard.rblock is None else (shard.rblock.floats, shard.rbase)
+            if runs and runs[-1][0] is array:
+                runs[-1][1].append(base + located[n])
                 runs[-1][2].append(n)
-            elif shard.rblock is not None:
-                runs.append((shard.rblock.floats, [shard.rbase + located[n]], [n]))
             else:
-                runs.append((shard.records, [located[n]], [n]))
+                runs.append((array, [base + located[n]], [n]))
         runs = [(array, rows[0] if len(rows) == 1 else np.concatenate(rows), ns) for array, rows, ns in runs]
         gathered = [np.take(array, rows, axis=0) for array, rows, _ in runs]
         rows = np.concatenate(gathered) if len(gathered) > 1 else gathered[0].copy()  # the new records, in place
