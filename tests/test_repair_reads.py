@@ -275,3 +275,44 @@ def test_a_decode_begun_ahead_that_meets_another_spare_lacking_its_slots_reads_a
         assert begun and begun[0] is not None
         assert 3 in refused  # its first reads asked the other spare, which lacked those slots: read around it
         assert finished and finished[0]  # and the rows came from the decode begun early
+
+
+def test_a_decode_reads_the_tables_of_each_record_size_as_one_cut_and_gives_every_record_exactly(monkeypatch):
+    """Tables of two dims (two record sizes), of sizes whose last stripes are short (virtual slots) and with
+    their own rotations: a decode makes one cut per record size, gives every record of a dead node as it was,
+    and names as a table's senders only the data nodes of its own stripes (what a parity restore's cut holds)."""
+    from ectable.client import repair
+    made = []
+
+    class Spy(repair.Cut):
+        def __init__(self, stripes, *args):
+            made.append(sorted(stripes))
+            super().__init__(stripes, *args)
+
+    monkeypatch.setattr(repair, "Cut", Spy)
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=0, processes=False) as cluster:
+        client = cluster.connect()
+        sizes = {"a": (37, 2), "b": (101, 2), "c": (3, 3), "d": (250, 3)}
+        for n, (name, (rows, dim)) in enumerate(sizes.items()):
+            client.create_table(name, num_rows=rows, dim=dim, init="normal", seed=n)
+        every = {name: np.arange(rows) for name, (rows, _) in sizes.items()}
+        client.apply_gradient_many({name: (ids, np.ones((ids.size, sizes[name][1]), np.float32))
+                                    for name, ids in every.items()})
+        client.flush()
+        want = client.get_many(every, records=True)
+        cluster.kill(2)
+        client.status()
+        assert client.cluster.state(2) == "dead"
+        lost = {name: ids[client._table(name)[1].data_node(ids) == 2] for name, ids in every.items()}
+        lost = {name: ids for name, ids in lost.items() if ids.size}
+        made.clear()
+        got = client.repair.read_many(lost)
+        assert sorted(made) == [sorted(t for t in lost if sizes[t][1] == dim) for dim in (2, 3)]
+        for name, ids in lost.items():
+            np.testing.assert_array_equal(got[name], want[name][ids], err_msg=name)
+        stripes = {name: np.unique(client._table(name)[1].stripe(ids)) for name, ids in every.items()}
+        for name, (_, senders, _) in client.repair.recover_many(stripes).items():
+            layout = client._table(name)[1]
+            data = {int(q) for s in stripes[name].tolist() for i in range(layout.k)
+                    if s * layout.k + i < layout.num_rows and (q := layout.slot_node(s, i)) != 2}
+            assert set(senders) == data, name

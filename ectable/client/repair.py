@@ -14,11 +14,12 @@ import numpy as np
 from ..arrays import unique
 from .. import clock
 from ..config import DEADLINE
-from ..errors import Error, NodeDown, StaleCut, Unavailable
+from ..errors import Error, NodeDown, StaleCut
 from ..protocol import deltas as payload, validate
 from ..protocol.messages import Delta, GetCommitted, GetParityMany, Holds, Missing, Restore, RestoreRows, Status
 from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
+from .cut import Cut, lag
 
 
 class Begun(NamedTuple):
@@ -26,7 +27,7 @@ class Begun(NamedTuple):
     ids: dict  # {table: ids, ascending}
     plan: dict  # {table: (stripes, each id's stripe among them)}
     unread: dict  # as `recover_many`'s
-    cuts: dict  # {table: cut}, as `_start` made them
+    cuts: dict  # {group: Cut}, as `_cuts` made them
     sent: tuple  # (what was asked of each (node, kind), (requests in flight, a failure to send))
 
 
@@ -50,27 +51,26 @@ class Repair:
         self._next_seq.pop(position, None)
 
     # -- reading whole stripes -------------------------------------------
-    def _slots(self, table: str, stripes: np.ndarray, states=None):
-        """(slot nodes, known-zero slots, slots on live nodes) of stripes (with every position's `states`, or
-        the client's now)."""
-        spec, layout = self.client._table(table)
-        k, slots = layout.k, np.arange(layout.width)
-        nodes = layout.slot_node(stripes[:, None], slots)
-        virtual = np.zeros(nodes.shape, dtype=bool)
-        virtual[:, :k] = stripes[:, None] * k + slots[:k] >= spec.num_rows  # past the last row: zeros
+    def _cuts(self, stripes: dict, skip, unread: dict, states=None) -> dict:
+        """{group: a fresh `Cut` of the stripes ({table: stripes}) of the tables of that group (one record size and
+        layout shape)}, with every position's `states` (or the client's now); `unread` ({group: slots}) keeps
+        what rebuilding nodes said they lack across fresh starts."""
+        groups: dict = {}
+        for table, s in stripes.items():
+            spec, layout = self.client._table(table)
+            groups.setdefault((spec.width, layout.nodes, layout.k, layout.r), {})[table] = s
         states = self.client._states() if states is None else states
-        return nodes, virtual, (states != "dead")[nodes] | virtual
-
-    def _short(self, table, stripes, have) -> None:
-        short = have.sum(axis=1) < self.client._table(table)[1].k
-        if short.any():
-            raise Unavailable(f"table {table!r}: stripe {stripes[short][0]} lost more than r="
-                              f"{self.client._table(table)[1].r} slots")
+        cuts = {}
+        for group, tables in groups.items():
+            specs = [self.client._table(table) for table in tables]
+            cuts[group] = Cut(tables, [layout for _, layout in specs], [spec.num_rows for spec, _ in specs],
+                              group[0] * 4, skip, unread.get(group), states)
+            unread[group] = cuts[group].unread
+        return cuts
 
     def check(self, table: str, ids: np.ndarray, states: np.ndarray) -> None:
         """Raise Unavailable unless every row of `ids` can be decoded, with every position's `states`."""
-        stripes = unique(self.client._table(table)[1].stripe(ids))
-        self._short(table, stripes, self._slots(table, stripes, states)[2])
+        self._cuts({table: unique(self.client._table(table)[1].stripe(ids))}, None, {}, states)
 
     def recover(self, table: str, stripes: np.ndarray, skip: int | None = None) -> tuple:
         """Every slot (data records and parity, as bytes) of `stripes`, [n, k + r, record bytes], decoded
@@ -87,26 +87,23 @@ class Repair:
 
     def recover_many(self, stripes: dict, skip: int | None = None, begun: Begun | None = None) -> dict:
         """`recover` of several tables ({table: stripes} -> {table: (blocks, cut, counts)}), every table's
-        reads in flight at once; each table's cut is checked on its own. Raises `Unsettled` once the cut
-        still moved after `patience` reads (when set). `begun`: these stripes' first reads, sent (`_begin`)."""
+        reads in flight at once; the tables of one record size are read, checked and decoded as one cut
+        (`Cut`). Raises `Unsettled` once the cut still moved after `patience` reads (when set). `begun`: these
+        stripes' first reads, sent (`_begin`)."""
         deadline, reads = clock.monotonic() + 30, 0
-        # per table: slots a rebuilding node said it has not rebuilt
-        unread = begun.unread if begun else {table: None for table in stripes}
+        unread = begun.unread if begun else {}  # per group: slots a rebuilding node said it has not rebuilt
         while True:
             if begun:
                 cuts, sent, begun = begun.cuts, begun.sent, None
             else:
-                cuts, sent = self._starts(stripes, skip, unread), None
+                cuts, sent = self._cuts(stripes, skip, unread), None
             try:
-                while any(cut["read"].any() or cut["mark"] for cut in cuts.values()):  # every slot, then what moved
+                while any(cut.pending() for cut in cuts.values()):  # every slot, then what moved
                     self._read(cuts, sent)
                     reads, sent = reads + 1, None
                     for cut in cuts.values():
-                        lagging, ahead = self._lag(cut["senders"], cut["holders"])
-                        cut["read"] = self._inconsistent(cut["nodes"], cut["chosen"] & ~cut["virtual"], lagging,
-                                                         ahead, cut["k"], cut["versions"])
-                        cut["mark"] = cut["markers"] & ahead
-                    if any(cut["read"].any() or cut["mark"] for cut in cuts.values()):
+                        cut.check(*self._lag(cut.senders, cut.holders))
+                    if any(cut.pending() for cut in cuts.values()):
                         self.rereads += 1
                         if clock.monotonic() > deadline:
                             raise Error(f"tables {list(stripes)}: parity holders kept lagging behind the data")
@@ -114,80 +111,27 @@ class Repair:
                             raise Unsettled(f"tables {list(stripes)}: the stripes still moved after {reads} reads")
                         clock.sleep(0.001)
             except NotRebuilt as exc:  # every table's slots the node lacks
-                for table, ids in exc.missing.items():
-                    if table in cuts:
-                        self._not_rebuilt(exc.position, exc.kind, ids, cuts[table], unread[table])
+                for cut in cuts.values():
+                    self._not_rebuilt(exc.position, exc.kind, exc.missing, cut)
                 continue
             break
+        out = {}
         for cut in cuts.values():
-            self.code.decode_stripes(cut["blocks"], cut["chosen"])
-        return {table: (cut["blocks"], cut["senders"], cut["versions"].max(axis=1)) for table, cut in cuts.items()}
+            self.code.decode_stripes(cut.blocks, cut.chosen)
+            out.update(cut.split())
+        return out
 
-    def _starts(self, stripes: dict, skip, unread) -> dict:
-        """{table: a fresh read of its `stripes`}: which slots to read from where (again after a failover)."""
-        states = self.client._states()
-        return {table: self._start(table, s, skip, unread, states) for table, s in stripes.items()}
-
-    def _start(self, table, stripes, skip, unread, states) -> dict:
-        spec, layout = self.client._table(table)
-        nodes, virtual, have = self._slots(table, stripes, states)
-        live = have & ~virtual
-        if unread[table] is None:
-            unread[table] = nodes == skip
-        have &= ~unread[table]
-        self._short(table, stripes, have)
-        chosen = have & (np.cumsum(have, axis=1) <= layout.k)
-        # Live data nodes whose slots are decoded, not read (they are rebuilding them): what they had sent each
-        # holder is part of the cut all the same, or deltas they send meanwhile would be missed by a rebuilt
-        # parity row (a holder lacking the row skips them, and folds in at restore only those of the cut).
-        decoded = ~chosen[:, :layout.k] & ~virtual[:, :layout.k] & (nodes[:, :layout.k] != skip)
-        markers = set(nodes[:, :layout.k][decoded & live[:, :layout.k]].tolist())
-        return {"table": table, "stripes": stripes, "k": layout.k, "nodes": nodes, "virtual": virtual,
-                "chosen": chosen, "read": chosen & ~virtual, "markers": markers, "mark": set(markers),
-                "senders": {}, "holders": {},
-                "versions": np.full(nodes.shape, -1, dtype=np.int64),
-                "blocks": np.zeros((stripes.size, layout.width, spec.width * 4), dtype=np.uint8)}
+    _lag = staticmethod(lag)
 
     @staticmethod
-    def _lag(senders, holders) -> tuple[set, set]:
-        """(holders that have not applied every delta the data nodes read had sent them, data nodes that
-        sent deltas a holder applied after the data was read). A holder and a data node that disagree on
-        who holds the holder's position are both read again: a data node counts its deltas per node, and
-        sends none to a position it takes for replaced (that parity is rebuilt from data)."""
-        lagging, ahead = set(), set()
-        for q, (holder, applied) in holders.items():
-            for d, (source, sent, _, peers, _) in senders.items():
-                if peers.get(str(q), holder) != holder:
-                    lagging.add(q)
-                    ahead.add(d)
-                    continue
-                have, want = applied.get(source, 0), int(sent.get(str(q), 0))
-                if have < want:
-                    lagging.add(q)
-                elif have > want:
-                    ahead.add(d)
-        return lagging, ahead
-
-    @staticmethod
-    def _inconsistent(nodes, read, lagging, ahead, k, versions) -> np.ndarray:
-        """Slots to read again: parity of `lagging` holders, or of holders with fewer degraded writes than
-        another holder of the stripe read (one is on its way to them), and data of nodes `ahead`. A holder
-        read again is read again whole (all its parity slots of the cut): what one reply says it applied
-        holds only for the slots that reply carried."""
-        again = np.zeros(read.shape, dtype=bool)
-        again[:, :k] = np.isin(nodes[:, :k], list(ahead))
-        again[:, k:] = np.isin(nodes[:, k:], list(lagging))
-        counts = np.where(read[:, k:], versions[:, k:], -1)
-        again[:, k:] |= read[:, k:] & (counts < counts.max(axis=1, keepdims=True))
-        again &= read
-        again[:, k:] |= np.isin(nodes[:, k:], unique(nodes[:, k:][again[:, k:]])) & read[:, k:]
-        return again
+    def _not_rebuilt(node: int, kind: str, missing: dict, cut: Cut) -> None:
+        cut.not_rebuilt(node, kind, missing)
 
     def _begin(self, ids: dict, skip: int | None) -> Begun:
         """`read_many(ids, skip)`'s first reads, sent (`ids` ascending and unique)."""
         plan = self._plan(ids)
-        unread = {table: None for table in plan}
-        cuts = self._starts({table: stripes for table, (stripes, _) in plan.items()}, skip, unread)
+        unread: dict = {}
+        cuts = self._cuts({table: stripes for table, (stripes, _) in plan.items()}, skip, unread)
         return Begun(ids, plan, unread, cuts, self._send(cuts))
 
     def _read(self, cuts: dict, sent: tuple | None = None) -> None:
@@ -196,51 +140,33 @@ class Repair:
         sent (`senders`) and each parity holder applied."""
         asked, started = sent or self._send(cuts)
         for (node, kind), (reply, arrays) in self.client._gathered(started).items():
-            for n, (table, (_, rows, cols)) in enumerate(asked[(node, kind)].items()):
-                cut = cuts[table]
+            at = 0
+            for cut, (tables, _, rows, cols) in asked[(node, kind)]:
+                n = len(tables)
                 if kind == "parity":
-                    _put(cut["blocks"], rows, cols, arrays[2 * n])
-                    cut["versions"][rows, cols] = arrays[2 * n + 1]
-                    cut["holders"][node] = (reply.get("source"), reply["applied"])
-                    continue
-                _put(cut["blocks"], rows, cols, arrays[n])
-                marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
-                peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
-                cut["senders"][node] = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
+                    cut.put(rows, cols, arrays[2 * at: 2 * (at + n): 2])
+                    if rows.size:
+                        cut.versions[rows, cols] = np.concatenate(arrays[2 * at + 1: 2 * (at + n): 2])
+                    cut.holders[node] = (reply.get("source"), reply["applied"])
+                else:
+                    cut.put(rows, cols, arrays[at: at + n])
+                    marks = reply.get("marks") if isinstance(reply.get("marks"), dict) else {}
+                    peers = reply.get("peers") if isinstance(reply.get("peers"), dict) else {}
+                    cut.senders[node] = (reply["source"], reply["sent"], marks, peers, reply.get("window"))
+                at += n
 
     def _send(self, cuts: dict) -> tuple:
-        """Send the reads of every cut's `read` slots: (what was asked of each (node, kind), the requests)."""
-        asked: dict = {}  # (node, kind) -> {table: (ids or stripes to read, rows, cols)}
-        none = np.zeros(0, dtype=np.int64)
-        for table, cut in cuts.items():
-            stripes, k = cut["stripes"], cut["k"]
-            rows, cols = np.nonzero(cut["read"])  # row-major: each (node, kind)'s slots stay in that order
-            key = cut["nodes"][rows, cols] * 2 + (cols >= k)  # node, then data (0) or parity (1)
-            order = np.argsort(key, kind="stable")
-            cuts_at = np.flatnonzero(np.diff(key[order])) + 1
-            for seg in np.split(order, cuts_at) if order.size else ():
-                node, parity = divmod(int(key[seg[0]]), 2)
-                r, c = rows[seg], cols[seg]
-                asked.setdefault((node, "parity" if parity else "data"), {})[table] = \
-                    (stripes[r], r, c) if parity else (stripes[r] * k + c, r, c)
-            for node in cut["mark"]:  # no rows: what it had sent, now
-                asked.setdefault((node, "data"), {}).setdefault(table, (none, none, none))
+        """Send the reads of every cut's `read` slots: (what was asked of each (node, kind): [(cut, its ask)],
+        the requests)."""
+        asked: dict = {}
+        for cut in cuts.values():
+            for key, ask in cut.asks().items():
+                asked.setdefault(key, []).append((cut, ask))
         kinds = {"data": GetCommitted, "parity": GetParityMany}
-        requests = {(node, kind): (kinds[kind](tables=list(tables), node=self._node(node)).header(),
-                                   [keys for keys, _, _ in tables.values()])
-                    for (node, kind), tables in asked.items()}
+        requests = {(node, kind): (kinds[kind](tables=[t for _, ask in asks for t in ask[0]], node=self._node(node))
+                                   .header(), [keys for _, ask in asks for keys in ask[1]])
+                    for (node, kind), asks in asked.items()}
         return asked, self.client._start_all(requests)
-
-    @staticmethod
-    def _not_rebuilt(node: int, kind: str, ids: np.ndarray, cut, unread) -> None:
-        """Rebuilding `node` lacks some slots of a cut: mark them unread (`kind` "data": ids, else stripes)."""
-        stripes, nodes, k = cut["stripes"], cut["nodes"], cut["k"]
-        if kind == "parity":
-            rows = np.isin(stripes, ids)
-            unread[rows, k:] |= nodes[rows, k:] == node
-        else:
-            rows = np.isin(stripes, ids // k)
-            unread[rows, :k] |= (nodes[rows, :k] == node) & np.isin(stripes[rows, None] * k + np.arange(k), ids)
 
     def read(self, table: str, ids: np.ndarray, skip: int | None = None) -> np.ndarray:
         """Committed records of data rows, decoded from their stripes."""
@@ -480,10 +406,3 @@ class Repair:
             self.client.cluster.rebuilt(position)
         return left
 
-
-def _put(blocks: np.ndarray, rows: np.ndarray, cols: np.ndarray, records: np.ndarray) -> None:
-    """blocks[rows, cols] = records (as bytes), each record copied as one block."""
-    n, width, size = blocks.shape
-    cell = np.dtype((np.void, size))
-    cells = blocks.reshape(n * width, size).view(cell)[:, 0]
-    cells[rows * width + cols] = np.ascontiguousarray(records).view(np.uint8).reshape(-1, size).view(cell)[:, 0]
