@@ -47,7 +47,7 @@ class Cut:
         # holder is part of the cut all the same, or deltas they send meanwhile would be missed by a rebuilt
         # parity row (a holder lacking the row skips them, and folds in at restore only those of the cut).
         self._data = alive[:, :k] & (nodes[:, :k] != skip)  # every data node whose sends the cut holds
-        self.markers = set(unique(nodes[:, :k][self._data & ~self.chosen[:, :k]]).tolist())
+        self.markers = set(np.flatnonzero(np.bincount(nodes[:, :k][self._data & ~self.chosen[:, :k]], minlength=1)).tolist())
         self.mark = set(self.markers)  # markers to ask (again) next: no rows, what they had sent
         self.senders: dict = {}  # data node -> (source, sent, marks, peers, window) of its last reply
         self.holders: dict = {}  # parity holder -> (source, applied) of its last reply
@@ -85,15 +85,16 @@ class Cut:
         return out
 
     def put(self, rows, cols, records: list) -> None:
-        """blocks[rows, cols] = `records` (arrays of whole records, in order), each record copied as one block."""
+        """blocks[rows, cols] = `records` (arrays of whole records, one after the other), each record copied as
+        one block."""
         n, width, size = self.blocks.shape
-        if not rows.size:
-            return
         cell = np.dtype((np.void, size))
         cells = self.blocks.reshape(n * width, size).view(cell)[:, 0]
-        flat = np.concatenate([np.ascontiguousarray(r).view(np.uint8).reshape(-1, size) for r in records]) \
-            if len(records) > 1 else np.ascontiguousarray(records[0]).view(np.uint8).reshape(-1, size)
-        cells[rows * width + cols] = flat.view(cell)[:, 0]
+        at, start = rows * width + cols, 0
+        for part in records:  # not concatenated first: a rebuild's replies are large
+            part = np.ascontiguousarray(part).view(np.uint8).reshape(-1, size).view(cell)[:, 0]
+            cells[at[start: start + part.size]] = part
+            start += part.size
 
     def check(self, lagging: set, ahead: set) -> None:
         """The reads so far, with the holders `lagging` behind the data read and the data nodes `ahead` of the
@@ -122,8 +123,8 @@ class Cut:
         out = {}
         for t, table in enumerate(self.tables):
             span = slice(self.bounds[t], self.bounds[t + 1])
-            senders = {d: self.senders[d] for d in unique(self.nodes[span, :self.k][self._data[span]]).tolist()
-                       if d in self.senders}
+            read = np.flatnonzero(np.bincount(self.nodes[span, :self.k][self._data[span]], minlength=1)).tolist()
+            senders = {d: self.senders[d] for d in read if d in self.senders}
             out[table] = (self.blocks[span], senders, self.versions[span].max(axis=1))
         return out
 
