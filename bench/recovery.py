@@ -1,6 +1,6 @@
 """Recovery: rebuild time against shard size, training through a rebuild, and against a checkpoint reload.
 
-Three parts, all in one run, nodes as processes on loopback:
+Three parts (and a fourth on request), all in one run, nodes as processes on loopback:
 
 1. `size`: SIGKILL a node of an idle xor(4,1) cluster with one spare; time until every
    stripe is protected again, for growing tables. Beside it, the two limits a rebuild
@@ -17,8 +17,11 @@ Three parts, all in one run, nodes as processes on loopback:
    uses the one at which writing checkpoints costs training as much as parity does
    (`--overhead`, from bench.train_loop). Compared with ectable's time to full protection
    and with the training time ectable's failure cost (part 2).
+4. `degraded` (not run unless asked): training iterations with every node up, then with a node dead and
+   no spare, so that every read decodes that node's rows from the survivors and every write to them goes
+   through their parity.
 
-    python -m bench.recovery [--parts size during checkpoint] [--workload criteo] [--scale 1.0]
+    python -m bench.recovery [--parts size during checkpoint degraded] [--workload criteo] [--scale 1.0]
 """
 from __future__ import annotations
 
@@ -185,6 +188,48 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False, loo
     return lost
 
 
+def part_degraded(work: Workload, out, batches: int = 30):
+    """Training iterations (get_many, apply_gradient_many, step; no model step) with every node up, then with
+    node 2 dead and no spare: every read decodes node 2's rows from the survivors and every write to them goes
+    through their parity, and nothing is rebuilt. Median ms per read and per write (with its step), and per
+    decode of node 2's share of a batch alone (`Repair.read_many`: the client's decode work and the
+    survivors' reads)."""
+    cluster, client = make_cluster(work, spares=0)
+    feed = work.batches[:batches]
+    with cluster:
+        touch_all(client, work)
+        healthy = _iteration_ms(client, work, feed)
+        cluster.kill(2)
+        client.status()  # fails it over: no spare, so the position stays dead
+        degraded = _iteration_ms(client, work, feed)
+        shares = [{t: u[client._table(t)[1].data_node(u) == 2] for t, u in ((t, np.unique(i)) for t, i in b.items())}
+                  for b in feed]
+        shares = [{t: u for t, u in share.items() if u.size} for share in shares]
+        decode = float(np.median([_ms(client.repair.read_many, share) for share in shares]))
+    rows = [["all up", *np.round(healthy, 2), "-"], ["node 2 dead", *np.round(degraded, 2), round(decode, 2)],
+            ["ratio", *np.round(degraded / healthy, 2), "-"]]
+    out["degraded"] = rows
+    report("recovery_degraded", ["nodes", "get_many ms", "apply_gradient_many + step ms", "decode of node 2's rows ms"],
+           rows, {"workload": work.describe(), "rows_decoded": sum(u.size for s in shares for u in s.values()) / len(shares)})
+
+
+def _iteration_ms(client, work: Workload, feed) -> np.ndarray:
+    """Median ms of (get_many, apply_gradient_many + step) over the batches `feed`, after one untimed iteration."""
+    def write(batch):
+        client.apply_gradient_many(work.gradients(batch))
+        client.step()
+    spent = []
+    for n, batch in enumerate([feed[0], *feed]):
+        spent.append([_ms(client.get_many, batch), _ms(write, batch)])
+    return np.median(np.array(spent[1:]), axis=0)
+
+
+def _ms(call, x) -> float:
+    start = time.perf_counter()
+    call(x)
+    return (time.perf_counter() - start) * 1000
+
+
 def _print_profile(profiles: tuple, before: int, during: int) -> None:
     """The client's calls over the iterations profiled before the kill and while rebuilding: cumulative ms and
     calls per iteration, largest while rebuilding first."""
@@ -270,6 +315,8 @@ def main():
         part_size(args.sizes, out)
     work = WORKLOADS[args.workload](args.iters, args.scale)
     print(work.describe())
+    if "degraded" in args.parts:
+        part_degraded(work, out)
     lost = part_during(work, compute, args.shares, out, args.profile, args.lookahead) if "during" in args.parts else {}
     if "checkpoint" in args.parts:
         part_checkpoint(dataclasses.replace(work, batches=work.batches[:30]), args.intervals, compute, args.overhead, min(lost.values(), default=None), out)

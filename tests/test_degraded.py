@@ -201,3 +201,60 @@ def test_a_bad_missing_request_to_a_rebuilding_node_changes_nothing():
         reply, _ = node.handle({"op": "missing", "part": 2, "parts": 2}, [])
         assert reply["error"] == ErrorCode.INVALID.value and "part 2 of 2" in reply["message"]
         assert node.pulled_since is None
+
+
+def test_a_many_table_write_to_a_dead_node_is_one_decode_and_one_delta_per_holder_for_every_table():
+    """rs(4,2), no spare: a write to three tables (two dims) whose rows include the dead node's goes through their
+    parity with one promise round and one delta message per live holder naming every table (one per table
+    before: 26 tables made a degraded iteration 5.8 times slower than a healthy one). Every record then read
+    is the model's, and once a spare rebuilt the node from that parity, its rows and every parity row are exact."""
+    from ectable.storage.node import Node as RealNode
+    from ectable.testing.reference import ReferenceTable
+    sizes = {"a": (90, 2), "b": (61, 2), "c": (120, 3)}
+    with ectable.LocalCluster(nodes=6, code="rs", k=4, r=2, spares=0, processes=False) as cluster:
+        client = cluster.connect()
+        models = {}
+        for n, (name, (rows, dim)) in enumerate(sizes.items()):
+            client.create_table(name, num_rows=rows, dim=dim, optimizer="adagrad", lr=0.1, init="uniform", seed=n)
+            models[name] = ReferenceTable(client._table(name)[0])
+        client.flush()
+        cluster.kill(2)
+        client.status()
+        assert client.cluster.state(2) == "dead"
+        rng = np.random.default_rng(7)
+        batch = {name: (rng.integers(0, rows, 80), rng.standard_normal((80, dim)).astype(np.float32))
+                 for name, (rows, dim) in sizes.items()}
+        assert all((client._table(t)[1].data_node(ids) == 2).any() for t, (ids, _) in batch.items())
+        deltas, handle = [], RealNode.op_delta
+
+        def spy(node, msg, arrays):
+            if msg.source.startswith("repair/"):
+                deltas.append((node.position, list(msg.tables)))
+            return handle(node, msg, arrays)
+        RealNode.op_delta = spy
+        RealNode._ops = {**RealNode._ops, "delta": spy}
+        try:
+            client.apply_gradient_many(batch)
+        finally:
+            RealNode.op_delta = handle
+            RealNode._ops = {**RealNode._ops, "delta": handle}
+        for name, (ids, grads) in batch.items():
+            models[name].apply_gradient(ids, grads)
+        def holders(table, ids):
+            layout = client._table(table)[1]
+            stripes = layout.stripe(ids[layout.data_node(ids) == 2])
+            return {int(q) for j in range(layout.r) for q in layout.parity_node(stripes, j)}
+        held = {table: holders(table, ids) for table, (ids, _) in batch.items()}
+        assert sorted(p for p, _ in deltas) == sorted(set().union(*held.values()))  # one message per holder
+        for p, tables in deltas:
+            assert sorted(tables) == sorted(table for table in held if p in held[table])
+        for name, (rows, _) in sizes.items():
+            every = np.arange(rows)
+            np.testing.assert_array_equal(client.get(name, every), models[name].get(every), err_msg=name)
+        cluster.add_spare()
+        client.wait_recovered(timeout=60)
+        client.flush()
+        for name, (rows, _) in sizes.items():
+            every = np.arange(rows)
+            np.testing.assert_array_equal(client.get(name, every), models[name].get(every), err_msg=name)
+        check_parity(cluster, client)

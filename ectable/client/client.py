@@ -516,9 +516,8 @@ class Client:
             if entry is not None and entry.replayed:
                 return  # a failover took it: replayed there, unless its parity already held it
             if state == "dead":  # (`Replaced`: its parity holders know of a spare this client has not seen)
-                for table, kind, ids, values in writes[degraded:]:
-                    self.repair.write(table, kind, ids, values, self.cluster.last_source(p))
-                    degraded += 1
+                self.repair.write_many(writes[degraded:], self.cluster.last_source(p))
+                degraded = len(writes)
                 return
             if entry is None:  # a spare came meanwhile: what went through the parity is not written again
                 entry = self._logged(p, writes[degraded:])

@@ -237,65 +237,85 @@ class Repair:
     def write(self, table: str, kind: str, ids: np.ndarray, values: np.ndarray, dead: str | None = None) -> None:
         """Apply a write to rows of a dead node (identity `dead`) by updating their parity alone; `Replaced`
         (nothing changed) if a parity holder knows the position has a replacement."""
-        spec, layout = self.client._table(table)
-        old = self.read(table, ids)
-        new = old.copy()
-        write_rows(spec.make_optimizer(), kind, new, values, spec.dim)
-        validate.finite_result(table, kind, ids, new)  # as a node refuses it
-        delta = old.view(np.uint8) ^ new.view(np.uint8)
-        stripes = layout.stripe(ids)
-        position = int(layout.data_node(ids[:1])[0]) if ids.size else None
+        self.write_many([(table, kind, ids, values)], dead)
+
+    def write_many(self, writes: list, dead: str | None = None) -> None:
+        """`write` of several tables' writes to one dead node ([(table, kind, ids, values)]), all at once: one
+        decode, one round of promises and one delta per parity holder for every table. Every table's new
+        records are checked before anything is sent."""
+        old = self.read_many({table: ids for table, _, ids, _ in writes})
+        deltas, stripes, position = {}, {}, None
+        for table, kind, ids, values in writes:
+            spec, layout = self.client._table(table)
+            new = old[table].copy()
+            write_rows(spec.make_optimizer(), kind, new, values, spec.dim)
+            validate.finite_result(table, kind, ids, new)  # as a node refuses it
+            deltas[table] = (ids, old[table].view(np.uint8) ^ new.view(np.uint8))
+            stripes[table] = layout.stripe(ids)
+            if position is None and ids.size:
+                position = int(layout.data_node(ids[:1])[0])
         # The holders asked first are the holders written: a spare that comes meanwhile rebuilds its rows
         # once this writer checked in, so from parity that has the write.
         states = self.client._states()
-        self._parity_ready(table, layout, stripes, position, dead, states)
-        holders = np.stack([layout.parity_node(stripes, j) for j in range(layout.r)], axis=1)
-        pieces = {}
-        for target in unique(holders[states[holders] != "dead"]).tolist():  # a dead one's parity is rebuilt
-            pick = (holders == target).any(axis=1)  # from the data later; a holder holds one slot of a stripe
-            pieces[target] = (ids[pick], delta[pick])
-        self.send_deltas(table, pieces, position, dead)
+        self._parity_ready(stripes, position, dead, states)
+        pieces: dict = {}  # {target: {table: (ids, delta)}}
+        for table, (ids, delta) in deltas.items():
+            layout = self.client._table(table)[1]
+            holders = np.stack([layout.parity_node(stripes[table], j) for j in range(layout.r)], axis=1)
+            for target in unique(holders[states[holders] != "dead"]).tolist():  # a dead one's parity is rebuilt
+                pick = (holders == target).any(axis=1)  # from the data later; a holder holds one slot of a stripe
+                pieces.setdefault(target, {})[table] = (ids[pick], delta[pick])
+        self.send_deltas(pieces, position, dead)
 
-    def _parity_ready(self, table: str, layout, stripes: np.ndarray, position, dead, states) -> None:
-        """Before a degraded write: every live holder agrees to take it (`Replaced` if one knows of a
-        replacement: nothing was sent) and has the parity rows of `stripes` (a rebuilding one rebuilds
-        those it lacks now), so that its delta is applied everywhere or nowhere, never skipped by a row
-        that is rebuilt later from data that does not hold it. `states`: the positions' states to go by."""
-        held: dict[int, list] = {}  # a node may hold parity j of some stripes and parity j' of others
-        for j in range(layout.r):
-            targets = layout.parity_node(stripes, j)
-            for target in unique(targets[states[targets] != "dead"]).tolist():
-                held.setdefault(target, []).append(stripes[targets == target])
-        header = Holds(table=table, source=self.source, position=position, dead=dead).header()
-        asks = {(target, table): (header, [unique(np.concatenate(parts))]) for target, parts in held.items()}
+    def _parity_ready(self, stripes: dict, position, dead, states) -> None:
+        """Before a degraded write of the rows of `stripes` ({table: stripes}): every live holder agrees to take
+        it (`Replaced` if one knows of a replacement: nothing was sent) and has their parity rows (a rebuilding
+        one rebuilds those it lacks now), so that its delta is applied everywhere or nowhere, never skipped by a
+        row that is rebuilt later from data that does not hold it. `states`: the positions' states to go by."""
+        asks = {}
+        for table, of_table in stripes.items():
+            layout = self.client._table(table)[1]
+            held: dict[int, list] = {}  # a node may hold parity j of some stripes and parity j' of others
+            for j in range(layout.r):
+                targets = layout.parity_node(of_table, j)
+                for target in unique(targets[states[targets] != "dead"]).tolist():
+                    held.setdefault(target, []).append(of_table[targets == target])
+            header = Holds(table=table, source=self.source, position=position, dead=dead).header()
+            asks.update({(target, table): (header, [unique(np.concatenate(parts))]) for target, parts in held.items()})
         for _ in range(3):  # a rebuild gives up when its holder moved on meanwhile: ask again
-            lacking = {}
-            for (target, _), (reply, arrays) in self.client._gather(asks).items():
-                lacking[target] = asks[(target, table)][1][0][arrays[0] == 0]
-                if lacking[target].size:
-                    self._rebuild_parity(target, {table: lacking[target]}, reply.get("generation", 0))
-            lacking = {target: rows for target, rows in lacking.items() if rows.size}
+            lacking: dict = {}  # {target: ({table: stripes}, generation)}
+            for (target, table), (reply, arrays) in self.client._gather(asks).items():
+                rows = asks[(target, table)][1][0][arrays[0] == 0]
+                if rows.size:
+                    lacking.setdefault(target, ({}, reply.get("generation", 0)))[0][table] = rows
+            for target, (rows, generation) in lacking.items():
+                self._rebuild_parity(target, rows, generation)
             if not lacking:
                 return
-        target, rows = next(iter(lacking.items()))
-        exc = NotRebuilt(table, rows, "parity")  # the write is tried again from the start
+        target, (rows, _) = next(iter(lacking.items()))
+        table = next(iter(rows))
+        exc = NotRebuilt(table, rows[table], "parity")  # the write is tried again from the start
         exc.position = target
         raise exc
 
-    def send_deltas(self, table: str, pieces: dict, position: int | None = None, dead: str | None = None) -> None:
-        """Send each parity holder its delta ({target: (ids, delta)}), all at once, until each acknowledges it or
-        is failed over (then its parity is rebuilt from the data). At once, so that a holder that died holds up
-        no other: a degraded write's holders take it only while their promise lasts (`PROMISE_SECONDS`), and one
-        taken by some and refused by others would be split. The same delta number to a holder each time: it
-        applies it once, whatever was lost on the way. A refusal (`Replaced`, or any other error reply: nothing
-        was applied, the number is free again) is raised once every other holder has answered."""
+    def send_deltas(self, pieces: dict, position: int | None = None, dead: str | None = None) -> None:
+        """Send each parity holder its delta ({target: {table: (ids, delta)}}, one message per holder for every
+        table), all at once, until each acknowledges it or is failed over (then its parity is rebuilt from the
+        data). At once, so that a holder that died holds up no other: a degraded write's holders take it only
+        while their promise lasts (`PROMISE_SECONDS`), and one taken by some and refused by others would be
+        split. The same delta number to a holder each time: it applies it once, whatever was lost on the way. A
+        refusal (`Replaced`, or any other error reply: nothing was applied, the number is free again) is raised
+        once every other holder has answered."""
         sends = {}
-        for target, (ids, delta) in pieces.items():
-            order = np.argsort(ids)  # a delta names its stripes in ascending order
+        for target, tables in pieces.items():
             seq = self._next_seq.get(target, 0) + 1
             self._next_seq[target] = seq
-            header = Delta(source=self.source, seq=seq, tables=[table], position=position, dead=dead).header()
-            sends[target] = (header, payload.pack([(ids[order], delta[order])]), self.client.cluster.source(target))
+            header = Delta(source=self.source, seq=seq, tables=list(tables), position=position, dead=dead).header()
+            parts = []
+            for ids, delta in tables.values():
+                order = np.argsort(ids)  # a delta names its stripes in ascending order
+                parts.append((ids[order], delta[order]))
+            sends[target] = (header, payload.pack(parts), self.client.cluster.source(target))
         refused = None
         while sends:
             self.client._collect_ahead()
