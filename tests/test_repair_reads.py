@@ -316,3 +316,16 @@ def test_a_decode_reads_the_tables_of_each_record_size_as_one_cut_and_gives_ever
             data = {int(q) for s in stripes[name].tolist() for i in range(layout.k)
                     if s * layout.k + i < layout.num_rows and (q := layout.slot_node(s, i)) != 2}
             assert set(senders) == data, name
+
+
+def test_one_holds_many_answers_for_every_table_in_order_and_promises_once():
+    from ectable.protocol.messages import HoldsMany
+    node = node_with_tables(1, rebuilding=False)
+    stripes = [parity_stripes(spec, 1)[:3] for spec in SPECS]
+    node.handle(Invalidate(table="b").header(), [stripes[1][1:2]])  # b's second parity row is to be rebuilt
+    node.sources, node.fenced = {2: "node/dead"}, {"node/dead"}
+    ask = HoldsMany(tables=["a", "b"], source="repair/x", position=2, dead="node/dead").header()
+    reply, (has_a, versions_a, has_b, versions_b) = node.handle(ask, stripes)
+    assert "error" not in reply and list(node.promised) == ["repair/x"]
+    assert has_a.tolist() == [1, 1, 1] and has_b.tolist() == [1, 0, 1]
+    assert versions_a.tolist() == versions_b.tolist() == [0, 0, 0]

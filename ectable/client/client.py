@@ -449,8 +449,7 @@ class Client:
         parts = self._parts({table: ids for table, (_, ids, _) in batch.items()})
         for p, ps in parts.items():  # refuse before writing anything if some rows cannot be served
             if states[p] == "dead":
-                for table, ids, _ in ps:
-                    self.repair.check(table, ids, states)
+                self.repair.check({table: ids for table, ids, _ in ps}, states)
         writes = {p: [(table, batch[table][0], ids, np.take(batch[table][2], where, axis=0)) for table, ids, where in ps]
                   for p, ps in parts.items()}
         entries = {p: self._logged(p, w) for p, w in writes.items() if states[p] != "dead"}

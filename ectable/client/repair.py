@@ -16,7 +16,8 @@ from .. import clock
 from ..config import DEADLINE
 from ..errors import Error, NodeDown, StaleCut
 from ..protocol import deltas as payload, validate
-from ..protocol.messages import Delta, GetCommitted, GetParityMany, Holds, Missing, Restore, RestoreRows, Status
+from ..protocol.messages import (Delta, GetCommitted, GetParityMany, Holds, HoldsMany, Missing, Restore, RestoreRows,
+                                 Status)
 from ..storage.optimizers import write_rows
 from ..storage.shard import NotRebuilt
 from .cut import Cut, lag
@@ -68,9 +69,10 @@ class Repair:
             unread[group] = cuts[group].unread
         return cuts
 
-    def check(self, table: str, ids: np.ndarray, states: np.ndarray) -> None:
-        """Raise Unavailable unless every row of `ids` can be decoded, with every position's `states`."""
-        self._cuts({table: unique(self.client._table(table)[1].stripe(ids))}, None, {}, states)
+    def check(self, ids: dict, states: np.ndarray) -> None:
+        """Raise Unavailable unless every row of `ids` ({table: ids}) can be decoded, with every position's
+        `states`."""
+        self._cuts({table: unique(self.client._table(table)[1].stripe(i)) for table, i in ids.items()}, None, {}, states)
 
     def recover(self, table: str, stripes: np.ndarray, skip: int | None = None) -> tuple:
         """Every slot (data records and parity, as bytes) of `stripes`, [n, k + r, record bytes], decoded
@@ -272,22 +274,24 @@ class Repair:
         it (`Replaced` if one knows of a replacement: nothing was sent) and has their parity rows (a rebuilding
         one rebuilds those it lacks now), so that its delta is applied everywhere or nowhere, never skipped by a
         row that is rebuilt later from data that does not hold it. `states`: the positions' states to go by."""
-        asks = {}
+        held: dict = {}  # {target: {table: [stripes]}}: a node may hold parity j of some stripes and j' of others
         for table, of_table in stripes.items():
             layout = self.client._table(table)[1]
-            held: dict[int, list] = {}  # a node may hold parity j of some stripes and parity j' of others
             for j in range(layout.r):
                 targets = layout.parity_node(of_table, j)
                 for target in unique(targets[states[targets] != "dead"]).tolist():
-                    held.setdefault(target, []).append(of_table[targets == target])
-            header = Holds(table=table, source=self.source, position=position, dead=dead).header()
-            asks.update({(target, table): (header, [unique(np.concatenate(parts))]) for target, parts in held.items()})
+                    held.setdefault(target, {}).setdefault(table, []).append(of_table[targets == target])
+        asks = {(target,): (HoldsMany(tables=list(tables), source=self.source, position=position, dead=dead).header(),
+                            [unique(np.concatenate(parts)) for parts in tables.values()])
+                for target, tables in held.items()}
         for _ in range(3):  # a rebuild gives up when its holder moved on meanwhile: ask again
             lacking: dict = {}  # {target: ({table: stripes}, generation)}
-            for (target, table), (reply, arrays) in self.client._gather(asks).items():
-                rows = asks[(target, table)][1][0][arrays[0] == 0]
-                if rows.size:
-                    lacking.setdefault(target, ({}, reply.get("generation", 0)))[0][table] = rows
+            for (target,), (reply, arrays) in self.client._gather(asks).items():
+                header, asked = asks[(target,)]
+                rows = {table: of_table[has == 0] for table, of_table, has in zip(header["tables"], asked, arrays[::2])
+                        if not has.all()}
+                if rows:
+                    lacking[target] = (rows, reply.get("generation", 0))
             for target, (rows, generation) in lacking.items():
                 self._rebuild_parity(target, rows, generation)
             if not lacking:

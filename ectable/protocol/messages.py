@@ -286,6 +286,17 @@ class Holds(Request):
     node: str | None = None
 
 
+@request("holds_many")
+class HoldsMany(Request):
+    """`Holds` of several tables (arrays: one stripes array per table; the reply: which are there and the
+    degraded writes of each, per table), one promise for all of them."""
+    tables: list
+    source: str | None = None
+    position: int | None = None
+    dead: str | None = None
+    node: str | None = None
+
+
 @request("get_parity")
 class GetParity(Request):
     """Parity rows of one table (arrays: stripes) and the degraded writes each holds."""

@@ -572,13 +572,21 @@ class Node:
                                                   f"not known dead here: write to it (or ask again shortly)")
 
     def op_holds(self, msg, arrays):
-        """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt); and
-        the node's generation (a restore of what was read before a later invalidation is refused)."""
-        shard = self._shard(msg.table)
-        (stripes,) = self._arrays(arrays, 1)
-        stripes = validate.ids(shard.spec.name, stripes, shard.layout.num_stripes)
-        _, local = shard.parity_slots(stripes)
-        missing = shard.missing_parity
+        """For stripes whose parity this node holds: 1 where the parity row is there (not being rebuilt), and the
+        degraded writes each holds; and the node's generation (a restore of what was read before a later
+        invalidation is refused)."""
+        return self._holds(msg, [msg.table], arrays)
+
+    def op_holds_many(self, msg, arrays):
+        """`op_holds` of several tables (one stripes array each), every table checked before the promise."""
+        return self._holds(msg, msg.tables, arrays)
+
+    def _holds(self, msg, tables: list, arrays):
+        self._arrays(arrays, len(tables))
+        work = []
+        for table, stripes in zip(tables, arrays):
+            shard = self._shard(table)
+            work.append((shard, shard.parity_slots(validate.ids(shard.spec.name, stripes, shard.layout.num_stripes))[1]))
         if msg.source is not None:
             if not msg.source.startswith("repair/") or msg.position is None or msg.dead is None:
                 raise InvalidRequest(f"a degraded write's promise names a writer's repair source, a position and "
@@ -588,8 +596,12 @@ class Node:
             now = self.clock()
             self.promised = {s: t for s, t in self.promised.items() if t > now}  # one per writer at most
             self.promised[msg.source] = now + PROMISE_SECONDS
-        return {"generation": self.generation}, [
-            np.ones(stripes.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8), shard.versions[local]]
+        out = []
+        for shard, local in work:
+            missing = shard.missing_parity
+            out += [np.ones(local.size, np.uint8) if missing is None else (~missing[local]).astype(np.uint8),
+                    shard.versions[local]]
+        return {"generation": self.generation}, out
 
     def op_get_parity(self, msg, arrays):
         shard = self._shard(msg.table)
