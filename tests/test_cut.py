@@ -1,5 +1,5 @@
-"""A decode's consistent cut (`Repair.recover`, `ectable.client.cut`): what one reply of a node says it had sent or applied holds
-only for the slots that reply carried, so a node read again is read again whole.
+"""A decode's consistent cut (`Repair.recover_many`, `ectable.client.cut`): what one reply of a node says it had
+sent or applied holds only for the slots that reply carried, so a node read again is read again whole.
 
 Found by simulation seed rs 307 (pinned in test_sim.py): a holder re-read for some stripes only (fewer
 degraded writes than another holder there) reported newer delta counts, which were then taken for its

@@ -39,23 +39,20 @@ class Cut:
         short = have.sum(axis=1) < k
         if short.any():
             at = int(np.argmax(short))
-            raise Unavailable(f"table {self.tables[self._table_of(at)]!r}: stripe {self.stripes[at]} lost more "
-                              f"than r={layout.r} slots")
+            table = self.tables[int(np.searchsorted(self.bounds, at, side="right")) - 1]
+            raise Unavailable(f"table {table!r}: stripe {self.stripes[at]} lost more than r={layout.r} slots")
         self.chosen = have & (np.cumsum(have, axis=1) <= k)
         self.read = self.chosen & ~virtual  # slots to read (again) next
         # Live data nodes whose slots are decoded, not read (they are rebuilding them): what they had sent each
         # holder is part of the cut all the same, or deltas they send meanwhile would be missed by a rebuilt
         # parity row (a holder lacking the row skips them, and folds in at restore only those of the cut).
         self._data = alive[:, :k] & (nodes[:, :k] != skip)  # every data node whose sends the cut holds
-        self.markers = set(np.flatnonzero(np.bincount(nodes[:, :k][self._data & ~self.chosen[:, :k]], minlength=1)).tolist())
+        self.markers = set(_distinct(nodes[:, :k][self._data & ~self.chosen[:, :k]]))
         self.mark = set(self.markers)  # markers to ask (again) next: no rows, what they had sent
         self.senders: dict = {}  # data node -> (source, sent, marks, peers, window) of its last reply
         self.holders: dict = {}  # parity holder -> (source, applied) of its last reply
         self.versions = np.full(nodes.shape, -1, dtype=np.int64)  # degraded writes of each parity slot read
         self.blocks = np.zeros((self.stripes.size, layout.width, record_bytes), dtype=np.uint8)
-
-    def _table_of(self, row: int) -> int:
-        return int(np.searchsorted(self.bounds, row, side="right")) - 1
 
     def pending(self) -> bool:
         """Whether some slots (or markers) are to be read (again)."""
@@ -123,10 +120,15 @@ class Cut:
         out = {}
         for t, table in enumerate(self.tables):
             span = slice(self.bounds[t], self.bounds[t + 1])
-            read = np.flatnonzero(np.bincount(self.nodes[span, :self.k][self._data[span]], minlength=1)).tolist()
+            read = _distinct(self.nodes[span, :self.k][self._data[span]])
             senders = {d: self.senders[d] for d in read if d in self.senders}
             out[table] = (self.blocks[span], senders, self.versions[span].max(axis=1))
         return out
+
+
+def _distinct(nodes: np.ndarray) -> list:
+    """The distinct node positions in `nodes`, ascending (counted: they are few and small)."""
+    return np.flatnonzero(np.bincount(nodes, minlength=1)).tolist()
 
 
 def lag(senders: dict, holders: dict) -> tuple[set, set]:

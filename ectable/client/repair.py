@@ -3,7 +3,7 @@
 Survivors return their *committed* records (as of their open window's start) with the numbers
 of the deltas those records were sent in; parity holders return what they applied. Reads are
 repeated for whatever does not match, so every decode reads a consistent cut without stopping
-writers (see `recover`).
+writers (see `recover_many`).
 """
 from __future__ import annotations
 
@@ -74,24 +74,20 @@ class Repair:
         `states`."""
         self._cuts({table: unique(self.client._table(table)[1].stripe(i)) for table, i in ids.items()}, None, {}, states)
 
-    def recover(self, table: str, stripes: np.ndarray, skip: int | None = None) -> tuple:
-        """Every slot (data records and parity, as bytes) of `stripes`, [n, k + r, record bytes], decoded
-        from a consistent cut; that cut: {position: (source, delta numbers sent per target, marks)} of the
-        data slots read directly; and per stripe the degraded writes its parity rows read hold (-1: none
-        read). Slots on node `skip` (the one being rebuilt) are not read.
+    def recover_many(self, stripes: dict, skip: int | None = None, begun: Begun | None = None) -> dict:
+        """{table: stripes} -> {table: (blocks, cut, counts)}: every slot (data records and parity, as bytes) of
+        the stripes, [n, k + r, record bytes], decoded from a consistent cut; that cut: {position: (source,
+        delta numbers sent per target, marks, ...)} of the data nodes read for the table; and per stripe the
+        degraded writes its parity rows read hold (-1: none read). Slots on node `skip` (the one being rebuilt)
+        are not read. Every table's reads are in flight at once, and the tables of one record size are read,
+        checked and decoded as one `Cut`. `begun`: these stripes' first reads, sent (`_begin`).
 
         Slots are read from any live node, rebuilding ones included (a slot they have not rebuilt yet
         counts as lost). The cut is consistent when every parity holder read has applied exactly the
         deltas that the data nodes read had sent it; otherwise the parity of holders still waiting for
-        deltas, or the data of nodes that moved on, is read again until it is.
+        deltas, or the data of nodes that moved on, is read again until it is. Raises `Unsettled` once the
+        cut still moved after `patience` reads (when set).
         """
-        return self.recover_many({table: stripes}, skip)[table]
-
-    def recover_many(self, stripes: dict, skip: int | None = None, begun: Begun | None = None) -> dict:
-        """`recover` of several tables ({table: stripes} -> {table: (blocks, cut, counts)}), every table's
-        reads in flight at once; the tables of one record size are read, checked and decoded as one cut
-        (`Cut`). Raises `Unsettled` once the cut still moved after `patience` reads (when set). `begun`: these
-        stripes' first reads, sent (`_begin`)."""
         deadline, reads = clock.monotonic() + 30, 0
         unread = begun.unread if begun else {}  # per group: slots a rebuilding node said it has not rebuilt
         while True:
@@ -127,6 +123,7 @@ class Repair:
 
     @staticmethod
     def _not_rebuilt(node: int, kind: str, missing: dict, cut: Cut) -> None:
+        """Rebuilding `node` lacks slots of `cut` (`Cut.not_rebuilt`)."""
         cut.not_rebuilt(node, kind, missing)
 
     def _begin(self, ids: dict, skip: int | None) -> Begun:
@@ -169,10 +166,6 @@ class Repair:
                                    .header(), [keys for _, ask in asks for keys in ask[1]])
                     for (node, kind), asks in asked.items()}
         return asked, self.client._start_all(requests)
-
-    def read(self, table: str, ids: np.ndarray, skip: int | None = None) -> np.ndarray:
-        """Committed records of data rows, decoded from their stripes."""
-        return self.read_many({table: ids}, skip)[table]
 
     def read_many(self, ids: dict, skip: int | None = None, ahead: Begun | None = None) -> dict:
         """{table: ids} -> {table: committed records}, decoded from their stripes, all tables at once. `ahead`
@@ -236,15 +229,11 @@ class Repair:
                 .view(np.float32) for table, (_, inverse) in plan.items()}
 
     # -- writing through parity ------------------------------------------
-    def write(self, table: str, kind: str, ids: np.ndarray, values: np.ndarray, dead: str | None = None) -> None:
-        """Apply a write to rows of a dead node (identity `dead`) by updating their parity alone; `Replaced`
-        (nothing changed) if a parity holder knows the position has a replacement."""
-        self.write_many([(table, kind, ids, values)], dead)
-
     def write_many(self, writes: list, dead: str | None = None) -> None:
-        """`write` of several tables' writes to one dead node ([(table, kind, ids, values)]), all at once: one
-        decode, one round of promises and one delta per parity holder for every table. Every table's new
-        records are checked before anything is sent."""
+        """Apply writes of several tables ([(table, kind, ids, values)]) to rows of a dead node (identity `dead`)
+        by updating their parity alone, all at once: one decode, one round of promises and one delta per parity
+        holder for every table, every table's new records checked before anything is sent. `Replaced` (nothing
+        changed) if a parity holder knows the position has a replacement."""
         old = self.read_many({table: ids for table, _, ids, _ in writes})
         deltas, stripes, position = {}, {}, None
         for table, kind, ids, values in writes:
