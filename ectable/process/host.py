@@ -22,7 +22,7 @@ from ..storage.node import Node
 TOKEN_OPS = {"map", "shutdown", "fault", "freeze", "hand_over", "take_over"}  # control ops taken with the token only
 FROZEN_TAKES = {"get", "get_committed", "get_many", "get_parity", "get_parity_many", "missing", "status", "tables",
                 "snapshot_progress", "sync", "step"}
-# what a node frozen for a handover still answers (it changes nothing); `applied` and `holds(_many)` too, unless they fence
+# what a node frozen for a handover still answers (it changes nothing); `applied` and `holds` too, unless they fence
 # or promise. Once its state is handed over it answers nothing but `moved`: its successor may have taken writes. A
 # retry of a write it applied is answered as ever, handed over or not (after a grow, the node that continues it
 # does not know the write: sent there again, it would be applied twice).
@@ -71,7 +71,7 @@ class NodeHost:
             reply, out = self.node.op_write(msg, arrays)
             return {**reply, "durable": self.node.durable_seq}, out
         if self.frozen and (self.handed or not (msg.op in FROZEN_TAKES or msg.op == "applied" and not msg.fence
-                                                or msg.op in ("holds", "holds_many") and msg.source is None
+                                                or msg.op == "holds" and msg.source is None
                                                 or msg.op == "delta" and self.frozen_deltas)):
             return messages.error(ErrorCode.MOVED, f"node {self.node.position} hands its position over to another "
                                                    f"node: ask again once the map moved it"), []
