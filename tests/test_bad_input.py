@@ -192,6 +192,8 @@ WIRE = [
     ({"op": "holds", "table": "nope"}, [I64], "'nope'"),
     ({"op": "holds_many", "tables": ["nope", "items"]}, [I64, I64], "'nope'"),
     ({"op": "holds_many", "tables": ["items"]}, [], "expected 1 arrays"),
+    ({"op": "holds_many", "tables": [], "source": "repair/x", "position": 1, "dead": "node/1/x"}, [], "at least one"),
+    ({"op": "holds_many", "tables": ["items", "items"]}, [I64, I64], "once"),
     ({"op": "holds_many", "tables": ["users", "items"], "source": "repair/x", "position": 1, "dead": "node/1/x"},
      [np.array([10 ** 9]), I64], "1000000000"),
     ({"op": "get_parity", "table": "items"}, [np.array([10 ** 9])], "1000000000"),

@@ -77,7 +77,7 @@ class Cut:
             out[(node, "parity" if parity else "data")] = (
                 [self.tables[t] for t in names[np.concatenate([[0], at])].tolist()],
                 np.split(keys[seg], at), rows[seg], cols[seg])
-        for node in self.mark:
+        for node in self.mark:  # no rows: its reply's delta numbers are what the cut needs of it
             out.setdefault((node, "data"), ([self.tables[0]], [NONE], NONE, NONE))
         return out
 

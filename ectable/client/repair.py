@@ -286,8 +286,7 @@ class Repair:
             if not lacking:
                 return
         target, (rows, _) = next(iter(lacking.items()))
-        table = next(iter(rows))
-        exc = NotRebuilt(table, rows[table], "parity")  # the write is tried again from the start
+        exc = NotRebuilt.of(rows, "parity")  # the write is tried again from the start
         exc.position = target
         raise exc
 
@@ -310,8 +309,8 @@ class Repair:
                 parts.append((ids[order], delta[order]))
             sends[target] = (header, payload.pack(parts), self.client.cluster.source(target))
         refused = None
+        self.client._collect_ahead()  # before any holder takes the delta: a failure it raises leaves none applied
         while sends:
-            self.client._collect_ahead()
             pending, down = {}, []
             for target, (header, arrays, _) in sends.items():
                 try:

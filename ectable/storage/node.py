@@ -36,7 +36,7 @@ LATE_WAIT = 300.0  # longest a writer awaited in vain counts as one that may sti
 HELD_FOR_REPLAYS = {"get_many", "write", "missing"}  # and uncommitted gets: what clients read and write, and
 # what a rebuilder asks before it decodes (so it reads parity only once no writer writes through it any more)
 READS_PARITY = {"get_parity", "get_parity_many", "restore", "restore_rows", "invalidate", "missing", "sync", "status",
-                "holds"}
+                "holds", "holds_many"}
 LEAVES_WINDOW_OPEN = {"get", "get_committed", "get_many", "delta", "applied", "ping", "step",
                       "snapshot"}  # a pending close may wait
 GONE_SECONDS = 3600.0  # how long a forgotten writer's writes and replays are refused
@@ -579,6 +579,8 @@ class Node:
 
     def op_holds_many(self, msg, arrays):
         """`op_holds` of several tables (one stripes array each), every table checked before the promise."""
+        if not msg.tables or len(set(map(str, msg.tables))) != len(msg.tables):
+            raise InvalidRequest(f"holds_many names each of its tables once, and at least one: {msg.tables!r}")
         return self._holds(msg, msg.tables, arrays)
 
     def _holds(self, msg, tables: list, arrays):
