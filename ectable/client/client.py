@@ -501,10 +501,8 @@ class Client:
     def _write_node(self, p, writes, entry=None):
         """Apply [(table, kind, ids, values)] at position p exactly once: on node p, through the parity if
         it is dead, or by the replay of a failover that took its redo-log entry."""
-        degraded = 0  # the writes applied through the parity so far: never twice, whatever fails after
-
         def attempt():
-            nonlocal entry, degraded
+            nonlocal entry
             self._collect_ahead()  # may fail p over: before deciding, not between deciding and sending
             state = self._state(p)  # `_Moved`: failed over (which takes its redo log), then tried again
             if state == "dead" and self.cluster.spares_left():
@@ -515,11 +513,10 @@ class Client:
             if entry is not None and entry.replayed:
                 return  # a failover took it: replayed there, unless its parity already held it
             if state == "dead":  # (`Replaced`: its parity holders know of a spare this client has not seen)
-                self.repair.write_many(writes[degraded:], self.cluster.last_source(p))
-                degraded = len(writes)
+                self.repair.write_many(writes, self.cluster.last_source(p))  # every table at once
                 return
-            if entry is None:  # a spare came meanwhile: what went through the parity is not written again
-                entry = self._logged(p, writes[degraded:])
+            if entry is None:  # a spare came meanwhile
+                entry = self._logged(p, writes)
             entry.seq = self._call(p, *self._write_request(entry, self._sources.get(p)))[0]["seq"]
         try:
             self._with_failover(p, attempt)
@@ -531,7 +528,7 @@ class Client:
             if applied is None:  # more grows came while it waited than the map keeps records of
                 raise Unavailable(f"node {p} was laid out again before it answered a write, and the cluster no "
                                   f"longer records whether it applied it") from None
-            relaid.left = [] if applied else writes[degraded:]
+            relaid.left = [] if applied else writes
             raise
 
     def _parts(self, ids_by_table: dict) -> dict:
