@@ -58,8 +58,13 @@ class Layout:
             return layouts[0]
         if offsets is None:
             offsets = [layout.offset for layout in layouts]
+        return Layout.with_offsets(layouts[0], np.repeat(offsets, counts))
+
+    @staticmethod
+    def with_offsets(layout: "Layout", offset: np.ndarray) -> "Layout":
+        """`layout` with one offset per row (`offset`, int64): rows of tables of its nodes, k and r, in any order."""
         rows = object.__new__(Layout)  # __init__ would check the fields again: the tables' layouts passed
-        rows.__dict__.update(layouts[0].__dict__, offset=np.repeat(offsets, counts))
+        rows.__dict__.update(layout.__dict__, offset=offset)
         return rows
 
     # -- rows -> nodes ---------------------------------------------------

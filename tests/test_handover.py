@@ -11,11 +11,12 @@ from ectable.protocol import messages
 from ectable.storage import handover
 from ectable.storage.node import Node
 from ectable.storage.shard import Shard
+from ectable.storage.window import TableWindow, Windows
 from ectable.transport import codec
 
 pytestmark = pytest.mark.timeout(120)
 
-NOT_STATE = {"clock", "config", "code", "spec", "layout", "optimizer", "_order", "_local", "_delta", "sources",
+NOT_STATE = {"clock", "config", "code", "spec", "layout", "optimizer", "sources",
              "arena", "block", "parity_base",  # where parity rows sit in memory: compared as `parity`
              "records_arena", "rblock", "rbase",  # where records sit in memory: compared as `records`
              "_lists"}  # what the table lists of deltas resolve to: a cache
@@ -24,7 +25,13 @@ TIMES = {"window_opened", "rebuild_since", "writer_seen", "gone", "promised", "l
 
 def same(a, b, path="node") -> None:
     """Assert `a` and `b` hold the same state, field by field (objects by their attributes)."""
-    if isinstance(a, (Node, Shard)) or type(a).__module__.startswith("ectable.storage"):
+    if isinstance(a, (TableWindow, Windows)):  # a table's flags; the rows in the windows (where in memory: not state)
+        assert type(a) is type(b), path
+        if isinstance(a, TableWindow):
+            same(a.dirty, b.dirty, f"{path}.dirty")
+        else:
+            assert a.rows() == b.rows(), f"{path}: {a.rows()} != {b.rows()} rows in the window"
+    elif isinstance(a, (Node, Shard)) or type(a).__module__.startswith("ectable.storage"):
         assert type(a) is type(b), path
         for name in getattr(type(a), "__slots__", None) or vars(a).keys() | vars(b).keys():
             if name in NOT_STATE or name.startswith("_thread") or name == "_began":

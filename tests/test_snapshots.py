@@ -21,8 +21,8 @@ def shard() -> Shard:
 def write(s: Shard, ids: np.ndarray, seed: int) -> None:
     ids = np.unique(ids)
     grads = np.random.default_rng(seed).normal(size=(ids.size, DIM)).astype(np.float32)
-    (update,), scatters = updated_many([(s, "apply_gradient", ids, grads)])
-    commit_many([(s, *update)], scatters)
+    (update,), scatters, logs = updated_many([(s, "apply_gradient", ids, grads)])
+    commit_many([(s, *update)], scatters, logs)
 
 
 def owned(s: Shard) -> np.ndarray:

@@ -3,28 +3,48 @@ import pytest
 from hypothesis import given, strategies as st
 
 import ectable
-from ectable.storage.window import Window
+from ectable.storage.window import Windows
 
 
-@given(st.lists(st.lists(st.integers(0, 19), unique=True, max_size=8), max_size=10))
-def test_window_keeps_each_rows_delta_since_it_opened_and_drains_each_row_once(writes):
-    records = np.arange(20 * 2, dtype=np.float32).reshape(20, 2)
-    first = {}
-    w = Window(20, 2)
-    for step, local in enumerate(writes):
+@given(st.lists(st.one_of(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 19), unique=True, max_size=8)),
+                          st.just("drop")), max_size=12))
+def test_tables_sharing_a_window_keep_each_rows_delta_since_it_opened_and_drain_each_row_once(events):
+    """Three tables of one width in one window (a node's `Windows`): each write is recorded as one call for
+    every table it names; the committed records and the drain are right per table, and a dropped table's rows
+    leave the window."""
+    windows = Windows(block_rows=64)
+    records = [np.arange(20 * 2, dtype=np.float32).reshape(20, 2) + 100 * t for t in range(3)]
+    parts = [windows.take(20, 2, owner=t) for t in range(3)]
+    assert len({id(p.window) for p in parts}) == 1 and len(list(windows)) == 1
+    first: dict = {}  # (table, row) -> its record as the window opened
+    live = [0, 1, 2]
+    for step, event in enumerate(events):
+        if event == "drop":
+            if live[-1] == 2:
+                windows.give(parts[2])
+                live.pop()
+                first = {key: v for key, v in first.items() if key[0] != 2}
+            continue
+        t, local = event
+        t = live[t % len(live)]
         local = np.array(local, dtype=np.int64)
         for x in local:
-            first.setdefault(int(x), records[x].copy())
-        new = records[local] * 3 + 100 + step
-        w.record(local, records[local], new)
-        records[local] = new
-        np.testing.assert_array_equal(w.committed(np.arange(20), records)[sorted(first)],
-                                      np.array([first[x] for x in sorted(first)]).reshape(-1, 2))
-    rows, delta = w.drain()
-    assert sorted(rows.tolist()) == sorted(first)
-    for x, d in zip(rows, delta):  # old ^ new record bytes, whatever came between
-        np.testing.assert_array_equal(d, first[int(x)].view(np.uint8) ^ records[x].view(np.uint8))
-    assert len(w) == 0 and not (w.dirty & 1).any()  # the window flag (the checkpoint marks stay)
+            first.setdefault((t, int(x)), records[t][x].copy())
+        new = records[t][local] * 3 + 100 + step
+        parts[t].window.record(parts[t].base + local, records[t][local], new)  # as `commit_many` does it
+        records[t][local] = new
+        for u in live:
+            mine = sorted(x for v, x in first if v == u)
+            np.testing.assert_array_equal(parts[u].committed(np.arange(20), records[u])[mine],
+                                          np.array([first[(u, x)] for x in mine]).reshape(-1, 2))
+    window = parts[0].window
+    assert len(window) == len(first)
+    tables, table, local, delta = window.drain_tables()
+    assert sorted(zip([tables[t] for t in table], local.tolist())) == sorted(first)
+    for t, x, d in zip(table, local, delta):  # old ^ new record bytes, whatever came between
+        t = tables[t]
+        np.testing.assert_array_equal(d, first[(t, int(x))].view(np.uint8) ^ records[t][x].view(np.uint8))
+    assert len(window) == 0 and not (window.flags & 1).any()  # the window flag (the checkpoint marks stay)
 
 
 def test_window_cost_follows_the_rows_touched():
@@ -170,13 +190,13 @@ def test_the_window_flags_also_track_rows_written_since_each_checkpoint(events, 
     checkpoint clears its own, a full one both, none clears "written ever"; a replacement's rows all count
     as written."""
     records = np.zeros((20, 2), dtype=np.float32)
-    w = Window(20, 2, modified=replacement)
+    w = Windows().take(20, 2, owner="t", modified=replacement)
     since_ckpt = since_full = ever = set(range(20)) if replacement else set()
     window = set()
     for n, event in enumerate(events):
         if event == "close":
-            rows, _ = w.drain()
-            assert set(rows.tolist()) == window
+            rows, _ = w.window.drain()
+            assert set((rows - w.base).tolist()) == window
             window = set()
         elif event in ("checkpoint", "full"):
             w.checkpointed(full=event == "full")
@@ -191,4 +211,4 @@ def test_the_window_flags_also_track_rows_written_since_each_checkpoint(events, 
         assert w.modified().tolist() == sorted(since_ckpt)
         assert w.modified("full").tolist() == sorted(since_full)
         assert w.modified("ever").tolist() == sorted(ever) and w.written() == len(ever)
-        assert len(w) == len(window)
+        assert len(w.window) == len(window)

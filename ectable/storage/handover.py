@@ -40,7 +40,7 @@ def ready(node: Node) -> str | None:
     received left unfolded, no rebuild, replay or checkpoint writing under way."""
     if node.rebuilding:
         return "it is rebuilding"
-    if node.window_open or any(len(s.window) for s in node.shards.values()):
+    if node.window_open or node.dirty.rows():
         return "its window is open"
     if node.unacked or node.outbox or node.windows:
         return f"{len(node.unacked) + len(node.outbox)} of its deltas wait for an acknowledgement"
@@ -150,8 +150,8 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: 
 
     def install(holder, name: str, i: int) -> None:
         a = get(i, getattr(holder, name))
-        if own and a.flags.writeable and a.flags.c_contiguous and name != "parity":  # parity: in the node's arena
-            if name == "records":
+        if own and a.flags.writeable and a.flags.c_contiguous and name in ("records", "versions"):  # parity, flags:
+            if name == "records":  # in the node's arena and windows
                 holder.adopt(a)
             else:
                 setattr(holder, name, a)

@@ -24,6 +24,7 @@ from . import snapshots
 from .retained import Retained
 from .optimizers import WRITES
 from .arena import Arena
+from .window import Windows
 from .parity import Named, Queued, delta_slots, fold, window_deltas
 from .shard import NotRebuilt, Shard, commit_many, local_many, updated_many
 from .table import TableSpec
@@ -99,6 +100,7 @@ class Node:
         self.retained = Retained(None if rebuilding else 0)  # others' recent windows, to roll back to if their sender dies
         self.arena = Arena()  # every table's parity rows
         self.records_arena = Arena()  # every table's records
+        self.dirty = Windows()  # every table's dirty window
         self.queued: list = []  # received deltas not folded into parity yet: (shard, ids, delta, slots, source, seq)
         self.queued_rows = 0
         self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
@@ -192,7 +194,7 @@ class Node:
                                  f"{need / 2**30:.1f} GiB on each node; this node has {free / 2**30:.1f} GiB available")
         try:
             self.shards[spec.name] = Shard(spec, layout, self.position, self.code, self.rebuilding, self.arena,
-                                           records_arena=self.records_arena)
+                                           records_arena=self.records_arena, windows=self.dirty)
         except MemoryError:
             raise InvalidRequest(f"table {spec.name!r}: not enough memory on node {self.position} for "
                                  f"{need / 2**30:.1f} GiB") from None
@@ -328,11 +330,11 @@ class Node:
                 for (n, shard, kind), ids in zip(kept, checked)]
 
     @staticmethod
-    def _updates(work, finite: bool = False) -> tuple[list, list]:
-        """([(shard, local rows, their records, new records)], scatters) of checked writes (`finite`: refused if a
-        new record is not); nothing is applied yet."""
-        updates, scatters = updated_many(work, finite)
-        return [(shard, *update) for (shard, *_), update in zip(work, updates)], scatters
+    def _updates(work, finite: bool = False) -> tuple[list, list, list]:
+        """([(shard, local rows, their records, new records)], scatters, window records) of checked writes
+        (`finite`: refused if a new record is not); nothing is applied yet."""
+        updates, scatters, logs = updated_many(work, finite)
+        return [(shard, *update) for (shard, *_), update in zip(work, updates)], scatters, logs
 
     def _apply_write(self, computed: tuple, cid, cseq) -> int:
         """Install a write as `_updates` computed it, as this node's next write; its sequence number."""
@@ -778,7 +780,7 @@ class Node:
         return self.window_open and self.clock() - self.window_opened >= self.config.window_seconds
 
     def _maybe_close(self):
-        dirty = sum(len(s.window) for s in self.shards.values())
+        dirty = self.dirty.rows()
         if dirty and (dirty >= self.config.window_rows or self.window_due()):
             self.close_window()
 
@@ -789,12 +791,12 @@ class Node:
             return  # nothing written since the last close
         self.closed_upto = self.write_seq
         if self.config.r == 0:
-            for shard in self.shards.values():
-                shard.window.drain(views=True)
+            for window in self.dirty:
+                window.drain(views=True)
             self.durable_seq = self.write_seq
             self.window_clients = {}
             return
-        parts = window_deltas(self.shards.values(), self.position, self.config)
+        parts = window_deltas(self.dirty, self.position, self.config)
         self.closed_marks = dict(self.client_marks)
         window_clients, self.window_clients = self.window_clients, {}
         self.closed_windows += 1
@@ -856,7 +858,7 @@ class Node:
             "data_rows": sum(s.rows for s in shards),
             "initial_rows": sum(s.initial_rows() for s in shards),
             "parity_rows": sum(s.parity.shape[0] for s in shards),
-            "dirty_rows": sum(len(s.window) for s in shards),
+            "dirty_rows": self.dirty.rows(),
             "unacked_deltas": len(self.unacked),
             "write_seq": self.write_seq,
             "durable_seq": self.durable_seq,

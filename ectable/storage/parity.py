@@ -58,33 +58,36 @@ def delta_slots(shards: list, counts: np.ndarray, ids: np.ndarray, named: Named 
     return j, layout.parity_offset(stripes, j), layout.position(ids)
 
 
-def window_deltas(shards, position: int, config) -> dict:
-    """Close the windows of node `position`'s shards: {target: (tables, delta arrays)} for every other node,
-    each target's rows of every table in one payload (`protocol.deltas`), tables of a width computed together."""
+def window_deltas(windows, position: int, config) -> dict:
+    """Close node `position`'s windows (`window.Windows`): {target: (tables, delta arrays)} for every other node,
+    each target's rows of every table in one payload (`protocol.deltas`), the tables of a width computed
+    together."""
     r, nodes = config.r, config.nodes
-    by_width: dict[int, list] = {}
-    for shard in shards:
-        if len(shard.window):
-            by_width.setdefault(shard.width, []).append(shard)
     found: dict[int, list] = {t: [] for t in range(nodes) if t != position}
-    for group in by_width.values():
-        drained = [shard.window.drain(views=True) for shard in group]  # (local rows, old ^ new record bytes) each
-        counts = np.array([local.size for local, _ in drained])
-        layout = Layout.of_rows([shard.layout for shard in group], counts)
-        ids = layout.data_ids(position, np.concatenate([local for local, _ in drained]))
-        delta = np.concatenate([delta for _, delta in drained])
-        table = np.repeat(np.arange(len(group)), counts)
+    for group in windows.by_width.values():
+        drained = [window.drain_tables() for window in group if len(window)]  # (tables, table, local, delta) each
+        if not drained:
+            continue
+        if len(drained) == 1:
+            shards, table, local, delta = drained[0]
+        else:  # tables of this width in several windows: number them together
+            first = np.cumsum([0] + [len(d[0]) for d in drained[:-1]])
+            shards = [shard for d in drained for shard in d[0]]
+            table = np.concatenate([d[1] + f for d, f in zip(drained, first)])
+            local, delta = (np.concatenate([d[n] for d in drained]) for n in (2, 3))
+        layout = Layout.with_offsets(shards[0].layout, np.array([s.layout.offset for s in shards])[table])
+        ids = layout.data_ids(position, local)
         stripes = layout.stripe(ids)
         targets = np.concatenate([layout.parity_node(stripes, j) for j in range(r)])
-        if nodes * len(group) < 1 << 22:  # by target, table, stripe (stripes < 2**40): one sort key
-            order = np.argsort((targets * len(group) + np.tile(table, r)) << 40 | np.tile(stripes, r))
+        if nodes * len(shards) < 1 << 22:  # by target, table, stripe (stripes < 2**40): one sort key
+            order = np.argsort((targets * len(shards) + np.tile(table, r)) << 40 | np.tile(stripes, r))
         else:
             order = np.lexsort((np.tile(stripes, r), np.tile(table, r), targets))
         rows = np.tile(np.arange(ids.size), r)[order]
         bounds = np.searchsorted(targets[order], np.arange(nodes + 1)).tolist()
         for target in np.flatnonzero(np.diff(bounds)).tolist():  # only the nodes this window has rows for
             pick = rows[bounds[target]:bounds[target + 1]]
-            found[target].append((group, np.bincount(table[pick], minlength=len(group)), ids[pick],
+            found[target].append((shards, np.bincount(table[pick], minlength=len(shards)), ids[pick],
                                    np.take(delta, pick, axis=0)))
     parts = {}
     for target, pieces in found.items():

@@ -13,7 +13,7 @@ from .optimizers import write_rows
 from .parity import delta_slots
 from ..layout import Layout
 from .table import TableSpec
-from .window import SINCE_COPY, Window
+from .window import SINCE_COPY, Windows
 
 
 
@@ -40,9 +40,9 @@ class Shard:
     """Data rows (weights + optimizer state, float32) and parity rows (bytes) of a table on node `node`."""
 
     def __init__(self, spec: TableSpec, layout: Layout, node: int, code: Code, rebuilding: bool = False,
-                 arena: Arena | None = None, records_arena: Arena | None = None):
-        """`arena`: where the parity rows go, `records_arena` where the data records go (the node's, shared with
-        its other tables; None: blocks of their own)."""
+                 arena: Arena | None = None, records_arena: Arena | None = None, windows: Windows | None = None):
+        """`arena`: where the parity rows go, `records_arena` where the data records go, `windows` where its
+        dirty window goes (the node's, shared with its other tables; None: of their own)."""
         self.spec, self.layout, self.node, self.code = spec, layout, node, code
         self.optimizer = spec.make_optimizer()
         self.dim, self.width = spec.dim, spec.width
@@ -53,7 +53,8 @@ class Shard:
         self.block, self.parity_base = self.arena.take(layout.parity_capacity(), self.width * 4)
         self.parity = self.block.rows[self.parity_base: self.parity_base + layout.parity_capacity()]
         self.versions = np.zeros(self.parity.shape[0], dtype=np.int64)  # degraded writes each parity row holds
-        self.window = Window(layout.data_capacity(), self.width, modified=rebuilding)  # a replacement: all rows
+        self.windows = windows if windows is not None else Windows(block_rows=0)
+        self.window = self.windows.take(layout.data_capacity(), self.width, self, modified=rebuilding)  # a replacement: all rows
         self.marks = {"checkpoint": None, "full": None}  # the chain its flags were cleared for (`snapshots`)
         self.frozen: tuple = ()  # checkpoint copies still taking rows as they were (`snapshots.Frozen`)
         local_ids = layout.data_ids(node, np.arange(layout.data_capacity()))
@@ -216,6 +217,7 @@ class Shard:
         for frozen in self.frozen:
             frozen.save(frozen.local)
         self.arena.give(self.block, self.parity_base, self.parity.shape[0])
+        self.windows.give(self.window)
         if self.rblock is not None:
             self.records_arena.give(self.rblock, self.rbase, self.records.shape[0])
 
@@ -304,21 +306,24 @@ class Shard:
         return self.records.nbytes + self.parity.nbytes + self.window.dirty.nbytes
 
 
-def updated_many(work: list, finite: bool = False) -> tuple[list, list]:
+def updated_many(work: list, finite: bool = False) -> tuple[list, list, list]:
     """Several writes [(shard, kind, ids, values)], each a "put" of weights, an "apply_gradient" of gradients
     or a "records" write, computed but not applied (see `commit_many`): ([(local offsets, records now, new
-    records)] each, [(array, rows, new records)] to scatter). The writes of one kind to tables of one optimizer
-    and record width take one optimizer step together, and the records of those in one block of the node's
-    arena are gathered and scattered together (per-table calls, not rows, were most of what a node spent on a
-    many-table write). With `finite`, InvalidRequest (`validate.finite_result`) if a new record is not finite."""
+    records)] each, [(array, rows, new records)] to scatter, [(window, its rows, records now, new records)] to
+    record). The writes of one kind to tables of one optimizer and record width take one optimizer step
+    together; the records of those in one block of the node's arena are gathered and scattered together, and
+    the changes of those in one window recorded together (per-table calls, not rows, were most of what a node
+    spent on a many-table write). With `finite`, InvalidRequest (`validate.finite_result`) if a new record is
+    not finite."""
     out: list = [None] * len(work)
     scatters: list = []
+    logs: list = []
     groups: dict = {}
     for n, (shard, kind, _, _) in enumerate(work):
         opt = shard.optimizer
         groups.setdefault((kind, shard.dim, shard.width, opt.name, opt.lr, opt.eps), []).append(n)
     located = local_many([(shard, ids) for shard, _, ids, _ in work])
-    for (kind, dim, *_), members in groups.items():
+    for (kind, dim, width, *_), members in groups.items():
         runs = []  # [(array, rows in it, members)]: members whose records share a block, one gather each
         for n in members:
             shard = work[n][0]
@@ -326,34 +331,47 @@ def updated_many(work: list, finite: bool = False) -> tuple[list, list]:
             array, base = (shard.records, 0) if shard.rblock is None else (shard.rblock.floats, shard.rbase)
             if runs and runs[-1][0] is array:
                 runs[-1][1].append(base + located[n])
-                runs[-1][2].append(n)
             else:
-                runs.append((array, [base + located[n]], [n]))
-        runs = [(array, rows[0] if len(rows) == 1 else np.concatenate(rows), ns) for array, rows, ns in runs]
-        gathered = [np.take(array, rows, axis=0) for array, rows, _ in runs]
-        rows = np.concatenate(gathered) if len(gathered) > 1 else gathered[0].copy()  # the new records, in place
-        values = np.concatenate([work[n][3] for n in members]) if len(members) > 1 else work[members[0]][3]
-        write_rows(work[members[0]][0].optimizer, kind, rows, values, dim)
+                runs.append((array, [base + located[n]]))
+        runs = [(array, rows[0] if len(rows) == 1 else np.concatenate(rows)) for array, rows in runs]
+        old = np.empty((sum(rows.size for _, rows in runs), width), dtype=np.float32)  # the members' records now
         at = 0
-        for (array, where, ns), old in zip(runs, gathered):
-            scatters.append((array, where, rows[at: at + old.shape[0]]))
-            for n in ns:
-                count = located[n].size
-                out[n] = (located[n], old[: count], rows[at: at + count])
-                old, at = old[count:], at + count
-        if finite and not np.isfinite(rows).all():
+        for array, rows in runs:
+            np.take(array, rows, axis=0, out=old[at: at + rows.size])
+            at += rows.size
+        new = old.copy()  # the new records, in place
+        values = np.concatenate([work[n][3] for n in members]) if len(members) > 1 else work[members[0]][3]
+        write_rows(work[members[0]][0].optimizer, kind, new, values, dim)
+        at = 0
+        for array, rows in runs:
+            scatters.append((array, rows, new[at: at + rows.size]))
+            at += rows.size
+        at = 0
+        for n in members:
+            window, end = work[n][0].window, at + located[n].size
+            out[n] = (located[n], old[at:end], new[at:end])
+            if logs and logs[-1][0] is window.window and logs[-1][3] == at:
+                logs[-1][1].append(window.base + located[n])
+                logs[-1][3] = end
+            else:
+                logs.append([window.window, [window.base + located[n]], at, end, old, new])
+            at = end
+        if finite and not np.isfinite(new).all():
             for n in members:  # name the first table it happened in
                 validate.finite_result(work[n][0].spec.name, kind, work[n][2], out[n][2])
-    return out, scatters
+    return out, scatters, [(window, rows[0] if len(rows) == 1 else np.concatenate(rows), old[a:b], new[a:b])
+                           for window, rows, a, b, old, new in logs]
 
 
-def commit_many(updates: list, scatters: list) -> None:
-    """Install computed writes (`updated_many`: [(shard, local rows, their records, new records)] and the
-    scatters), nothing written since: checkpoint copies taken first, changes added to each shard's window."""
-    for shard, local, old, rows in updates:
+def commit_many(updates: list, scatters: list, logs: list) -> None:
+    """Install computed writes (`updated_many`: [(shard, local rows, their records, new records)], the scatters
+    and the window records), nothing written since: checkpoint copies taken first, changes added to the
+    windows."""
+    for shard, local, _, _ in updates:
         for frozen in shard.frozen:
             frozen.save(local)
-        shard.window.record(local, old, rows)
+    for window, rows, old, new in logs:
+        window.record(rows, old, new)
     for array, where, rows in scatters:
         put_rows(array, where, rows)
 
