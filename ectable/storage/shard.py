@@ -350,7 +350,7 @@ def updated_many(work: list, finite: bool = False) -> tuple[list, list, list]:
         for n in members:
             window, end = work[n][0].window, at + located[n].size
             out[n] = (located[n], old[at:end], new[at:end])
-            if logs and logs[-1][0] is window.window and logs[-1][3] == at:
+            if logs and logs[-1][0] is window.window and logs[-1][4] is old and logs[-1][3] == at:
                 logs[-1][1].append(window.base + located[n])
                 logs[-1][3] = end
             else:
