@@ -125,3 +125,41 @@ def test_replays_sort_into_the_dead_nodes_order_unanswered_ones_after_their_pred
         entries.append(_Write([], "c", len(entries)))
         entries[-1].seq = seq
     assert [e.cseq for e in _in_node_order(entries)] == [2, 0, 1, 3, 4]
+
+
+def test_a_buffered_replay_to_a_table_dropped_since_changes_nothing_and_every_delta_is_taken():
+    """A replay buffered while another writer is awaited names a table dropped before it is applied: that part
+    is moot. The other tables of the dropped table's record width share its window; their deltas are still
+    right, and every peer takes them."""
+    config = ClusterConfig(5, "xor", 4, 1)
+
+    def spec(name):
+        return {**SPEC.get_config(), "name": name}
+
+    def node_with_tables(position):
+        node = Node(position, config)
+        for name in ("s", "u", "v"):
+            node.handle({"op": "create_table", "spec": spec(name)}, [])
+        return node
+
+    node = node_with_tables(0)
+    u, s = node.shards["u"], node.shards["s"]
+    assert u.window.window is s.window.window
+    mine = [i for i in range(40) if u.layout.data_node(i) == 0][:2]
+    node.expect_replays({"a", "b"})
+    header = {"op": "replay", "replayer": "a", "entries": [[1, "A", 1, [["u", "apply_gradient"]]]]}
+    assert node.handle(header, [np.array(mine, np.int64), np.ones((2, 2), np.float32)])[0] == {"done": False, "durable": 0}
+    assert node.handle({"op": "drop_table", "table": "u"}, [])[0]["dropped"]
+    assert replay(node, "b")["done"]
+    assert node.dirty.rows() == 0
+    ids = np.array([i for i in range(40) if s.layout.data_node(i) == 0][:3], np.int64)
+    assert "seq" in node.handle({"op": "write", "parts": [["s", "apply_gradient"]]},
+                                [ids, np.ones((3, 2), np.float32)])[0]
+    node.close_window()
+    outbox = node.take_outbox()
+    assert outbox
+    for target, header, arrays in outbox:
+        peer = node_with_tables(target)
+        peer.handle({"op": "drop_table", "table": "u"}, [])
+        reply = peer.handle(header, arrays)[0]
+        assert reply.get("ack") == header["seq"] and "error" not in reply, (target, header["tables"], reply)

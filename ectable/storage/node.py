@@ -389,6 +389,7 @@ class Node:
         buffered, self.replay_buffer = self.replay_buffer, []
         buffered.sort(key=lambda e: (e[0] is None, e[0] or 0, e[1]))  # the dead node's order; unknown ones last
         for _, _, replayer, n, cid, cseq, work in buffered:
+            work = [w for w in work if self.shards.get(w[0].spec.name) is w[0]]  # a table dropped since: moot
             self.replay_seqs.setdefault(replayer, {})[n] = self._apply_write(self._updates(work), cid, cseq)
         self._maybe_close()
 

@@ -47,24 +47,24 @@ class Window:
         """Unique rows `rows` change from records `old` to `new` (float32 [n, width]): add to their deltas."""
         change = old.view(np.uint32) ^ new.view(np.uint32)
         flags = self.flags[rows]
-        self.flags[rows] = flags | (IN_WINDOW | CHECKPOINT_BITS | SINCE_COPY)
         again = (flags & IN_WINDOW).astype(bool)
-        if again.any():  # written before in this window: the deltas add up
-            self._delta[self._slots(rows[again])] ^= change[again]
-            rows, change = rows[~again], change[~again]
-        if rows.size == 0:
-            return
-        end = self.size + rows.size
-        if end > self._rows.size:
+        fresh = rows[~again]
+        end = self.size + fresh.size
+        if end > self._rows.size:  # (flags are set last: a failure before leaves the window as it was)
             grow = max(end, 2 * self._rows.size, 1024)
             self._rows = np.resize(self._rows, grow)
             delta = np.empty((grow, self.width), dtype=np.uint32)
             delta[: self.size] = self._delta[: self.size]
             self._delta = delta
-        self._rows[self.size:end] = rows
-        self._delta[self.size:end] = change
-        self.size = end
-        self._order = None
+        if fresh.size < rows.size:  # written before in this window: the deltas add up
+            self._delta[self._slots(rows[again])] ^= change[again]
+            change = change[~again]
+        if fresh.size:
+            self._rows[self.size:end] = fresh
+            self._delta[self.size:end] = change
+            self.size = end
+            self._order = None
+        self.flags[rows] = flags | (IN_WINDOW | CHECKPOINT_BITS | SINCE_COPY)
 
     def delta(self, rows: np.ndarray) -> np.ndarray:
         """The deltas so far (uint32 [n, width]) of rows `rows`, each in the window."""
