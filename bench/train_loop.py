@@ -112,6 +112,11 @@ def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processe
         start = nodes_cpu = trainer_cpu = 0.0
         for n, batch in enumerate(work.batches):
             if n == WARMUP:
+                # Every store's timing starts with its windows closed and their deltas folded: a window of several
+                # steps would otherwise fold its first deltas, which fault in the parity rows' pages (seconds at
+                # full size), inside the timed iterations.
+                client.flush()
+                time.sleep(0.1)  # the nodes fold what they queued once idle
                 start, nodes_cpu, trainer_cpu = time.perf_counter(), cpu_seconds(pids), time.process_time()
             iteration(client, work, batch, compute)
         client.flush()
