@@ -204,7 +204,7 @@ def test_the_window_flags_also_track_rows_written_since_each_checkpoint(events, 
             since_full = set() if event == "full" else since_full
         else:
             local = np.array(event, dtype=np.int64)
-            w.record(local, records[local], records[local] + n + 1)
+            w.window.record(w.base + local, records[local], records[local] + n + 1)
             records[local] += n + 1
             window, since_ckpt, since_full = window | set(event), since_ckpt | set(event), since_full | set(event)
             ever = ever | set(event)

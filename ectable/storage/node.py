@@ -202,8 +202,8 @@ class Node:
         return peers, []
 
     def op_drop_table(self, msg, arrays):
-        """Free a table: its rows, parity rows, dirty window, and the deltas for it queued, skipped or kept
-        here; deltas naming it that arrive later are acknowledged and skipped."""
+        """Free a table: its rows, parity rows, dirty window, the deltas for it queued, skipped or kept here, and
+        replayed writes to it still buffered; deltas naming it that arrive later are acknowledged and skipped."""
         shard = self.shards.pop(msg.table, None)
         self.dropped.add(msg.table)  # a node without it (a spare) also skips deltas and replays naming it
         if shard is None:
@@ -217,6 +217,7 @@ class Node:
             log.clear()
             log.extend(kept)
         self.retained.forget(shard.spec.name)
+        self.replay_buffer = [(*entry[:6], [w for w in entry[6] if w[0] is not shard]) for entry in self.replay_buffer]
         self._settle()
         return {"dropped": True}, []
 
@@ -389,7 +390,6 @@ class Node:
         buffered, self.replay_buffer = self.replay_buffer, []
         buffered.sort(key=lambda e: (e[0] is None, e[0] or 0, e[1]))  # the dead node's order; unknown ones last
         for _, _, replayer, n, cid, cseq, work in buffered:
-            work = [w for w in work if self.shards.get(w[0].spec.name) is w[0]]  # a table dropped since: moot
             self.replay_seqs.setdefault(replayer, {})[n] = self._apply_write(self._updates(work), cid, cseq)
         self._maybe_close()
 

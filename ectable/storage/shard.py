@@ -346,21 +346,22 @@ def updated_many(work: list, finite: bool = False) -> tuple[list, list, list]:
         for array, rows in runs:
             scatters.append((array, rows, new[at: at + rows.size]))
             at += rows.size
-        at = 0
+        at, windows = 0, []  # [[window, its rows, first, end]]: members whose rows share a window, in order
         for n in members:
-            window, end = work[n][0].window, at + located[n].size
+            part, end = work[n][0].window, at + located[n].size
             out[n] = (located[n], old[at:end], new[at:end])
-            if logs and logs[-1][0] is window.window and logs[-1][4] is old and logs[-1][3] == at:
-                logs[-1][1].append(window.base + located[n])
-                logs[-1][3] = end
+            if windows and windows[-1][0] is part.window:
+                windows[-1][1].append(part.base + located[n])
+                windows[-1][3] = end
             else:
-                logs.append([window.window, [window.base + located[n]], at, end, old, new])
+                windows.append([part.window, [part.base + located[n]], at, end])
             at = end
+        logs += [(window, rows[0] if len(rows) == 1 else np.concatenate(rows), old[a:b], new[a:b])
+                 for window, rows, a, b in windows]
         if finite and not np.isfinite(new).all():
             for n in members:  # name the first table it happened in
                 validate.finite_result(work[n][0].spec.name, kind, work[n][2], out[n][2])
-    return out, scatters, [(window, rows[0] if len(rows) == 1 else np.concatenate(rows), old[a:b], new[a:b])
-                           for window, rows, a, b, old, new in logs]
+    return out, scatters, logs
 
 
 def commit_many(updates: list, scatters: list, logs: list) -> None:

@@ -129,10 +129,6 @@ class TableWindow:
         self.window, self.base, self.capacity, self.owner = window, base, capacity, owner
         self.dirty = window.flags[base: base + capacity]
 
-    def record(self, local: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
-        """Unique rows `local` change from records `old` to `new`: add to their deltas."""
-        self.window.record(self.base + local, old, new)
-
     def committed(self, local: np.ndarray, records: np.ndarray) -> np.ndarray:
         """Records of rows `local` as of the window's opening (what parity holds)."""
         out = np.take(records, local, axis=0)
