@@ -125,3 +125,34 @@ def test_ids_of_many_tables_are_routed_to_nodes_as_one_by_one(client, data):
         for (_, ids, where), (_, ids_want, where_want) in zip(got[p], want[p]):
             np.testing.assert_array_equal(ids, ids_want)
             np.testing.assert_array_equal(where, where_want)
+
+
+@pytest.mark.parametrize("code,k,r", [("xor", 4, 1), ("rs", 4, 2), ("rs", 6, 3)])
+def test_deltas_of_several_windows_and_senders_folded_in_one_pass_make_parity_exact(code, k, r, monkeypatch):
+    """Messages of every sender and of three windows wait in the nodes' queues, many of them naming the same
+    parity rows (the hot rows are written in every window), then fold together: parity equals the code of the
+    data, as zfec computes it."""
+    from ectable.storage.node import Node
+    from ectable.testing import check_parity
+    with ectable.LocalCluster(nodes=k + r + 1, code=code, k=k, r=r, processes=False, window_rows=1 << 20) as cluster:
+        client = cluster.connect()
+        rng = np.random.default_rng(11)
+        for name in ("a", "b", "c"):
+            client.create_table(name, num_rows=3000, dim=16, optimizer="rowwise_adagrad", init="normal",
+                                seed=ord(name))
+        client.create_table("wide", num_rows=800, dim=24, optimizer="adagrad", init="normal", seed=1)
+        with monkeypatch.context() as patch:
+            patch.setattr(Node, "apply_queued", lambda self: None)  # nothing folds: every message stays queued
+            for _ in range(3):
+                batch = {name: np.concatenate([np.arange(50), rng.choice(3000, 500)]) for name in ("a", "b", "c")}
+                batch["wide"] = rng.choice(800, 300)
+                client.apply_gradient_many({name: (ids, rng.normal(size=(ids.size, 24 if name == "wide" else 16)))
+                                            for name, ids in batch.items()})
+                client.step()
+            client.get_many({"a": [0]})  # the last step goes out
+            nodes = [cluster.node(p) for p in range(k + r + 1)]
+            assert all(len({e.source for e in node.queued}) >= k for node in nodes)
+        for node in nodes:
+            node.apply_queued()
+        client.flush()
+        check_parity(cluster, client)

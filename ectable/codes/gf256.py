@@ -63,22 +63,33 @@ def xor_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
 
 def scale_rows(coef: np.ndarray, src: np.ndarray) -> np.ndarray:
     """A new array whose row x is coef[x] * src[x], for 2-D uint8 `src` and one coefficient per row."""
-    src = np.ascontiguousarray(src)
-    out = np.empty_like(src)
-    if not src.size:
-        return out
     order = np.argsort(coef, kind="stable")  # the rows of each coefficient together: one table each
-    ranked, width = coef[order], src.shape[1]
-    cuts = (np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist()
-    step = max(1, CHUNK // max(1, width))  # rows per lookup pass
-    for start, end in zip([0, *cuts], [*cuts, ranked.size]):
-        table = PRODUCT[int(ranked[start])]
-        for lo in range(start, end, step):
-            rows = order[lo:min(end, lo + step)]
-            gathered = bytearray(rows.size * width)  # gathered straight into what `translate` reads
-            np.take(src, rows, axis=0, out=np.frombuffer(gathered, dtype=np.uint8).reshape(rows.size, width))
-            put_rows(out, rows, np.frombuffer(gathered.translate(table), dtype=np.uint8).reshape(rows.size, width))
+    out = np.empty(src.shape, dtype=np.uint8)
+    put_rows(out, order, scale_sorted(coef[order], src, order))
     return out
+
+
+def scale_sorted(coef: np.ndarray, src: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """A new array whose row q is coef[q] * src[order[q]], for 2-D uint8 `src`, valid row numbers `order` and
+    `coef` in runs of equal values: each run's rows are gathered and looked up in passes of `CHUNK` bytes, and
+    land in place (nothing is scattered)."""
+    width = src.shape[1]
+    out = bytearray(coef.size * width)
+    if not out:
+        return np.frombuffer(out, dtype=np.uint8).reshape(coef.size, width)
+    view = memoryview(out)
+    cuts = (np.flatnonzero(coef[1:] != coef[:-1]) + 1).tolist()
+    step = max(1, CHUNK // width)  # rows per lookup pass
+    full = bytearray(min(step, coef.size) * width)  # gathered straight into what `translate` reads
+    for start, end in zip([0, *cuts], [*cuts, coef.size]):
+        table = PRODUCT[int(coef[start])]
+        for lo in range(start, end, step):
+            hi = min(end, lo + step)
+            gathered = full if (hi - lo) * width == len(full) else bytearray((hi - lo) * width)
+            np.take(src, order[lo:hi], axis=0, mode="clip",  # "raise" would gather into a copy first
+                    out=np.frombuffer(gathered, dtype=np.uint8).reshape(hi - lo, width))
+            view[lo * width:hi * width] = gathered.translate(table)
+    return np.frombuffer(out, dtype=np.uint8).reshape(coef.size, width)
 
 
 def addmul(dst: np.ndarray, c: int, src: np.ndarray) -> None:

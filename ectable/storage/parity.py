@@ -150,18 +150,22 @@ class Queued:
 
 def fold(code, entries: list) -> None:
     """Fold queued deltas of one width (`Queued`, from any senders) into their shards' parity rows (every
-    parity row of those shards is there). The GF(2^8) terms of all of them take one pass per coefficient
-    (at most k * r passes, however many deltas); then each message's terms go into the parity rows of all
-    its tables with one gather, XOR and scatter per block of the node's arena (a message names each table
-    once and each parity row of a table once; two messages may name the same parity row)."""
+    parity row of those shards is there). Each message's rows go into the parity rows of all its tables with
+    one gather, XOR and scatter per block of the node's arena (a message names each table once and each parity
+    row of a table once; two messages may name the same parity row). With GF(2^8) coefficients, the rows of
+    such a run are taken in order of coefficient, so that their terms are computed in place and the run's
+    parity rows permuted instead of the terms scattered."""
     delta = np.concatenate([e.delta for e in entries]) if len(entries) > 1 else entries[0].delta
-    if code.unit:  # XOR: a delta is its own term
-        terms = delta
-    else:
-        j, pos = (np.concatenate([e.slots[n] for e in entries]) for n in (0, 2))
-        terms = code.delta_terms(j, pos, delta)
-    at = 0
+    runs, at = [], 0  # (block, first and end row of the deltas, parity rows)
     for entry in entries:
-        for block, start, end, rows in entry.runs():
-            gf256.xor_rows(block.rows, rows, terms[at + start: at + end])
+        runs.extend((block, at + start, at + end, rows) for block, start, end, rows in entry.runs())
         at += entry.ids.size
+    if code.unit:  # XOR: a delta is its own term
+        for block, start, end, rows in runs:
+            gf256.xor_rows(block.rows, rows, delta[start:end])
+        return
+    j, pos = (np.concatenate([e.slots[n] for e in entries]) for n in (0, 2))
+    run = np.repeat(np.arange(len(runs)), [end - start for _, start, end, _ in runs])
+    order, terms = code.grouped_terms(j, pos, delta, run)  # each run's terms in its place, rows permuted
+    for block, start, end, rows in runs:
+        gf256.xor_rows(block.rows, rows[order[start:end] - start], terms[start:end])

@@ -337,7 +337,7 @@ def updated_many(work: list, finite: bool = False) -> tuple[list, list, list]:
         old = np.empty((sum(rows.size for _, rows in runs), width), dtype=np.float32)  # the members' records now
         at = 0
         for array, rows in runs:
-            np.take(array, rows, axis=0, out=old[at: at + rows.size])
+            np.take(array, rows, axis=0, out=old[at: at + rows.size], mode="clip")  # checked rows; "raise" copies
             at += rows.size
         new = old.copy()  # the new records, in place
         values = np.concatenate([work[n][3] for n in members]) if len(members) > 1 else work[members[0]][3]
