@@ -11,10 +11,18 @@ used again; a block is unmapped when its last table is dropped.
 from __future__ import annotations
 
 import mmap
+import sys
 
 import numpy as np
 
-BLOCK_BYTES = 1 << 26  # a block's size, unless one table needs more (then it has a block of its own)
+# A block's size, unless one table needs more (then it has a block of its own). Only the pages written take
+# memory, so a block is made large enough for every table of a width on a node of the benchmark's full size: a
+# request's rows of all its tables are then one run (`parity.fold`, `shard.updated_many`); with 64 MiB blocks a
+# full-size rs(6,3) delta message spanned 7 runs on average.
+BLOCK_BYTES = 1 << 30
+# The address space is not counted as committed memory (unless vm.overcommit_memory=2): a fork, which counts
+# the parent's private mappings again, would otherwise fail for gigabytes of pages never written.
+NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 
 
 class Block:
@@ -22,7 +30,7 @@ class Block:
 
     def __init__(self, rows: int, row_bytes: int):
         try:
-            self._map = mmap.mmap(-1, max(rows * row_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._map = mmap.mmap(-1, max(rows * row_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | NORESERVE)
         except OSError as e:  # as np.zeros would say it
             raise MemoryError(f"cannot map {rows * row_bytes} bytes: {e}") from None
         if hasattr(mmap, "MADV_HUGEPAGE"):  # as numpy asks for its large arrays: fewer TLB misses on random rows
