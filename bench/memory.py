@@ -1,8 +1,9 @@
 """Memory per row on the nodes against the raw record bytes (weights + optimizer state), and
 against replication that survives as many failures.
 
-Measured with tracemalloc (numpy reports its buffers to it) around create_table on an
-in-process cluster. Parity is reported apart: r/k of the data by design. Replication with r
+Measured around create_table on an in-process cluster: what tracemalloc sees (numpy reports its buffers to
+it), plus the table's ranges of the nodes' arenas (records, parity, window flags), which are memory maps that
+tracemalloc does not see. Parity is reported apart: r/k of the data by design. Replication with r
 extra copies is counted as (r + 1) times the raw records (no window, no index: a lower bound).
 Per node: the criteo-like tables at `--scale`, every node's shards (data, parity, window) summed.
 
@@ -25,10 +26,12 @@ def measure(rows: int, dim: int, optimizer: str, code: str, k: int, r: int, node
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         client.create_table("t", num_rows=rows, dim=dim, optimizer=optimizer, init="zeros")
-        total = tracemalloc.get_traced_memory()[0] - before
+        traced = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
         spec = client._table("t")[0]
-        parity = sum(cluster.node(p).shards["t"].parity.nbytes for p in range(nodes))
+        shards = [cluster.node(p).shards["t"] for p in range(nodes)]
+        total = traced + sum(shard.nbytes() for shard in shards)  # the arenas' maps: not traced
+        parity = sum(shard.parity.nbytes for shard in shards)
         return {"code": f"{code}({k},{r})", "nodes": nodes, "rows": rows, "dim": dim, "optimizer": optimizer,
                 "r": r, "raw": rows * spec.width * 4, "total": total, "parity": parity}
 
