@@ -37,12 +37,13 @@ def measure(rows: int, dim: int, optimizer: str, code: str, k: int, r: int, node
 
 
 def per_node(sizes: dict, code: str, k: int, r: int, nodes: int) -> list:
-    """Bytes each node holds for `sizes` (rowwise_adagrad, dim 64): data, parity and window."""
+    """Bytes each node holds for `sizes` (rowwise_adagrad, dim 64): data, parity, window and the count of degraded
+    writes each parity row holds."""
     with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=False) as cluster:
         client = cluster.connect()
         for t, rows in sizes.items():
             client.create_table(t, num_rows=rows, dim=64, optimizer="rowwise_adagrad", init="zeros")
-        return [sum(s.nbytes() for s in cluster.node(p).shards.values()) for p in range(nodes)]
+        return [sum(s.nbytes() + s.versions.nbytes for s in cluster.node(p).shards.values()) for p in range(nodes)]
 
 
 def main():
