@@ -127,13 +127,19 @@ def test_ids_of_many_tables_are_routed_to_nodes_as_one_by_one(client, data):
             np.testing.assert_array_equal(where, where_want)
 
 
+@pytest.mark.parametrize("block_bytes", [None, 1 << 12], ids=["one block", "a block a table"])
 @pytest.mark.parametrize("code,k,r", [("xor", 4, 1), ("rs", 4, 2), ("rs", 6, 3)])
-def test_deltas_of_several_windows_and_senders_folded_in_one_pass_make_parity_exact(code, k, r, monkeypatch):
+def test_deltas_of_several_windows_and_senders_folded_in_one_pass_make_parity_exact(code, k, r, block_bytes,
+                                                                                    monkeypatch):
     """Messages of every sender and of three windows wait in the nodes' queues, many of them naming the same
     parity rows (the hot rows are written in every window), then fold together: parity equals the code of the
-    data, as zfec computes it."""
+    data, as zfec computes it. With small arena blocks, each table has a block of its own, so a message's rows
+    fold in several runs."""
+    from ectable.storage import arena
     from ectable.storage.node import Node
     from ectable.testing import check_parity
+    if block_bytes is not None:
+        monkeypatch.setattr(arena, "BLOCK_BYTES", block_bytes)
     with ectable.LocalCluster(nodes=k + r + 1, code=code, k=k, r=r, processes=False, window_rows=1 << 20) as cluster:
         client = cluster.connect()
         rng = np.random.default_rng(11)
@@ -152,6 +158,8 @@ def test_deltas_of_several_windows_and_senders_folded_in_one_pass_make_parity_ex
             client.get_many({"a": [0]})  # the last step goes out
             nodes = [cluster.node(p) for p in range(k + r + 1)]
             assert all(len({e.source for e in node.queued}) >= k for node in nodes)
+            runs = max(len(e.runs()) for node in nodes for e in node.queued)
+            assert runs == 1 if block_bytes is None else runs == 3  # "a", "b", "c" share a width
         for node in nodes:
             node.apply_queued()
         client.flush()

@@ -11,6 +11,7 @@ used again; a block is unmapped when its last table is dropped.
 from __future__ import annotations
 
 import mmap
+import platform
 import sys
 
 import numpy as np
@@ -22,7 +23,9 @@ import numpy as np
 BLOCK_BYTES = 1 << 30
 # The address space is not counted as committed memory (unless vm.overcommit_memory=2): a fork, which counts
 # the parent's private mappings again, would otherwise fail for gigabytes of pages never written.
-NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
+# (Python before 3.13 lacks the constant; its value differs between architectures: 0x4000 on these.)
+NORESERVE = getattr(mmap, "MAP_NORESERVE",
+                    0x4000 if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64") else 0)
 
 
 class Block:
@@ -52,8 +55,8 @@ class Block:
 class Arena:
     """The blocks of one node, by row size."""
 
-    def __init__(self, block_bytes: int = BLOCK_BYTES):
-        self.block_bytes = block_bytes
+    def __init__(self, block_bytes: int | None = None):
+        self.block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes  # read when made: tests set it
         self.blocks: dict[int, list[Block]] = {}
 
     def take(self, rows: int, row_bytes: int) -> tuple[Block, int]:
