@@ -348,17 +348,16 @@ class _Presence(threading.Thread):
                 self.announced = info
 
     def run(self) -> None:
-        store = self.store
-        watch = store.membership.watch(store.prefix + "/", self._changes)
+        store, watch = self.store, None
         while not self.stop.is_set():
-            if watch.error is not None:  # the backend ended it (compacted revisions): watch anew, read now
-                watch = store.membership.watch(store.prefix + "/", self._changes)
-                self.changed.set()
             try:
                 with self.lock:
                     if self.lease is not None and not store.membership.keepalive(self.lease):
                         self.lease, self.announced = None, None  # expired: this node was failed over
                 self.announce()
+                if watch is None or watch.error is not None:  # not made yet, or the backend ended it: read now
+                    watch = store.membership.watch(store.prefix + "/", self._changes)
+                    self.changed.set()
                 began = time.monotonic()
                 if self.changed.is_set() or self._awaits_writers() or began - self.read_at >= RESYNC:
                     self.changed.clear()  # first: a change while reading is read at the next beat
@@ -372,7 +371,8 @@ class _Presence(threading.Thread):
                 self.stop.wait(HEARTBEAT)
                 continue
             self.changed.wait(HEARTBEAT)  # a change of the map is followed at once
-        watch.cancel()
+        if watch is not None:
+            watch.cancel()
         store.membership.close()
 
     def _changes(self, events) -> None:
