@@ -360,7 +360,7 @@ class _Presence(threading.Thread):
                     self.changed.set()
                 began = time.monotonic()
                 if self.changed.is_set() or self._awaits_writers() or began - self.read_at >= RESYNC:
-                    self.changed.clear()  # first: a change while reading is read at the next beat
+                    self.changed.clear()  # first: a change made during the reads is read again at once
                     latest = store.read_map()
                     if latest is not None:
                         self.map = latest
