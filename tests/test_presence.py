@@ -54,6 +54,7 @@ def presence(etcd_server, monkeypatch):
         thread.changed.set()
         thread.join(10)
         store.membership.close()
+        assert not thread.is_alive()
 
 
 def _until(what, timeout=10.0):
@@ -67,10 +68,13 @@ def test_an_unchanged_store_is_not_read_again_at_every_beat(presence):
     thread, store, reads = presence
     _until(lambda: thread.writers is not None)  # the first read
     _until(lambda: thread.store.membership.get(store.alive_prefix + thread.server.endpoint) is not None)
-    first = len(reads)
+    first, taken, since = len(reads), thread.writers_read, thread.writers_since
     time.sleep(4 * node_server.HEARTBEAT)  # four beats: the lease kept alive, nothing changed
     assert len(reads) == first
     assert store.presence()[thread.server.endpoint]["endpoint"] == thread.server.endpoint
+    # the writers last read are taken as alive at every beat (the watch saw none go): a node counts a writer's
+    # absence from when it went, not from a read up to RESYNC s before
+    assert thread.writers_read >= taken + 2 and thread.writers_since > since
 
 
 def test_a_new_map_and_a_new_writer_are_read_once_the_watch_sees_them(presence):
@@ -92,10 +96,10 @@ def test_a_node_waiting_for_replays_reads_the_writers_at_every_beat(presence):
     thread, store, reads = presence
     _until(lambda: thread.writers is not None)
     thread.server.node.replay_from = {"writer/a"}
-    counted = thread.writers_read
-    _until(lambda: thread.writers_read >= counted + 3)  # with no change in the store
+    counted = len(reads)
+    _until(lambda: len(reads) >= counted + 3)  # with no change in the store
     thread.server.node.replay_from = None
     time.sleep(node_server.HEARTBEAT)  # the beat under way, if any, ends
-    settled = thread.writers_read
+    settled = len(reads)
     time.sleep(3 * node_server.HEARTBEAT)
-    assert thread.writers_read <= settled + 1  # at most a beat that was under way
+    assert len(reads) <= settled + 1  # at most a beat that was under way

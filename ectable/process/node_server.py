@@ -28,7 +28,7 @@ from .rebuilder import Rebuilder
 from ..transport import codec
 from ..transport.zeromq import bind_to, make_socket, start_authenticator
 
-HEARTBEAT = 0.5  # seconds between keep-alives of a node's presence (and reads of the map, if it changed)
+HEARTBEAT = 0.5  # seconds between keep-alives of a node's presence (and of reads of the map while it changes)
 RESYNC = 5.0  # seconds between reads of the map and the writers when no change was seen
 NODE_TTL = 3.0  # a node whose presence was not kept alive this long is failed over
 RESEND = 0.5  # seconds before an unacknowledged delta is sent again
@@ -312,10 +312,13 @@ class _Presence(threading.Thread):
     whenever that changes, and reads the map, which the main loop then follows, and the live writers. A
     main loop that hangs is still found out: clients' requests time out.
 
-    It reads the map and the writers when a watch of the store says either changed (at once), while the node
-    waits for writers to replay (every beat: a wait ends on a read begun after it), and every RESYNC s anyway;
-    not at every beat: on the benchmark's 9 nodes that kept the store (etcd) and these threads busy for
-    12-17 ms of CPU a training iteration."""
+    It reads the map and the writers when a watch of the store says either changed (at once), at every beat
+    while the node waits for writers to replay (a wait ends on a read begun after it) or has no watch, and
+    every RESYNC s anyway; not at every beat: on the benchmark's 9 nodes that kept the store (etcd) and these
+    threads busy for 12-17 ms of CPU a training iteration. At a beat with no read, the writers last read are
+    taken as alive then (the watch saw none go): a node counts a writer's absence from when it went, not from
+    the last read (`Node.expire_writers`; a writer fences itself `writer_grace` / 2 after its lease ends). A
+    watch that lags can only make that count start later, which keeps a gone writer's state longer."""
 
     def __init__(self, server: "NodeServer"):
         super().__init__(name="presence", daemon=True)
@@ -348,24 +351,29 @@ class _Presence(threading.Thread):
                 self.announced = info
 
     def run(self) -> None:
-        store, watch = self.store, None
+        store, watch, next_watch = self.store, None, 0.0
         while not self.stop.is_set():
             try:
                 with self.lock:
                     if self.lease is not None and not store.membership.keepalive(self.lease):
                         self.lease, self.announced = None, None  # expired: this node was failed over
                 self.announce()
-                if watch is None or watch.error is not None:  # not made yet, or the backend ended it: read now
-                    watch = store.membership.watch(store.prefix + "/", self._changes)
-                    self.changed.set()
+                if (watch is None or watch.error is not None) and time.monotonic() >= next_watch:
+                    try:  # not made yet, or the backend ended it: watch from now on, then read
+                        watch = store.membership.watch(store.prefix + "/", self._changes)
+                        self.changed.set()
+                    except MembershipUnavailable:  # until one is made, read at every beat
+                        watch, next_watch = None, time.monotonic() + RESYNC
                 began = time.monotonic()
-                if self.changed.is_set() or self._awaits_writers() or began - self.read_at >= RESYNC:
+                if (watch is None or watch.error is not None or self.changed.is_set() or self._awaits_writers()
+                        or began - self.read_at >= RESYNC):
                     self.changed.clear()  # first: a change made during the reads is read again at once
                     latest = store.read_map()
                     if latest is not None:
                         self.map = latest
-                    self.writers = store.writers()
-                    self.writers_read, self.writers_since, self.read_at = self.writers_read + 1, began, began
+                    self.writers, self.read_at = store.writers(), began
+                if self.writers is not None:  # read now, or unchanged since as the watch says: alive at `began`
+                    self.writers_read, self.writers_since = self.writers_read + 1, began
             except MembershipUnavailable:  # the store is away: keep trying; the lease tells the others
                 self.changed.set()
                 self.stop.wait(HEARTBEAT)
