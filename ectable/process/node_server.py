@@ -358,15 +358,15 @@ class _Presence(threading.Thread):
                     if self.lease is not None and not store.membership.keepalive(self.lease):
                         self.lease, self.announced = None, None  # expired: this node was failed over
                 self.announce()
-                if (watch is None or watch.error is not None) and time.monotonic() >= next_watch:
+                watching = watch is not None and watch.error is None
+                if not watching and time.monotonic() >= next_watch:
                     try:  # not made yet, or the backend ended it: watch from now on, then read
-                        watch = store.membership.watch(store.prefix + "/", self._changes)
+                        watch, watching = store.membership.watch(store.prefix + "/", self._changes), True
                         self.changed.set()
                     except MembershipUnavailable:  # until one is made, read at every beat
                         watch, next_watch = None, time.monotonic() + RESYNC
                 began = time.monotonic()
-                if (watch is None or watch.error is not None or self.changed.is_set() or self._awaits_writers()
-                        or began - self.read_at >= RESYNC):
+                if not watching or self.changed.is_set() or self._awaits_writers() or began - self.read_at >= RESYNC:
                     self.changed.clear()  # first: a change made during the reads is read again at once
                     latest = store.read_map()
                     if latest is not None:
