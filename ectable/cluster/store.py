@@ -111,6 +111,10 @@ class ClusterStore:
     def register_writer(self, writer: str, lease: int) -> None:
         self.membership.put(self.writers_prefix + writer, b"", lease)
 
+    def moves_nodes(self, events) -> bool:
+        """Whether watch events (of the whole prefix) change what a node follows: the map or the writers."""
+        return any(e.key == self.map_key or e.key.startswith(self.writers_prefix) for e in events)
+
     def writers(self) -> set[str]:
         """The writers alive now."""
         kvs, _ = self.membership.range(self.writers_prefix)

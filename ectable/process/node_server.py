@@ -366,7 +366,7 @@ class _Presence(threading.Thread):
                     except MembershipUnavailable:  # until one is made, read at every beat
                         watch, next_watch = None, time.monotonic() + RESYNC
                 began = time.monotonic()
-                if not watching or self.changed.is_set() or self._awaits_writers() or began - self.read_at >= RESYNC:
+                if reads_due(began, self.read_at, watching, self.changed.is_set(), self.server.node):
                     self.changed.clear()  # first: a change made during the reads is read again at once
                     latest = store.read_map()
                     if latest is not None:
@@ -385,14 +385,16 @@ class _Presence(threading.Thread):
 
     def _changes(self, events) -> None:
         """The watch's callback: note a change of the map or of the writers."""
-        store = self.store
-        if any(e.key == store.map_key or e.key.startswith(store.writers_prefix) for e in events):
+        if self.store.moves_nodes(events):
             self.changed.set()
 
-    def _awaits_writers(self) -> bool:
-        """Whether the node waits for writers to replay (a read of the writers may end the wait)."""
-        node = self.server.node
-        return node is not None and (node.replay_from is not None or bool(node.late))
+
+def reads_due(now: float, read_at: float, watching: bool, changed: bool, node) -> bool:
+    """Whether a node's presence reads the map and the writers at a beat at `now` (they were last read at
+    `read_at`): when it has no working watch of the store, the watch saw either change, `node` waits for
+    writers to replay (a read of the writers may end the wait), or RESYNC s passed."""
+    awaits = node is not None and (node.replay_from is not None or bool(node.late))
+    return not watching or changed or awaits or now - read_at >= RESYNC
 
 
 HEAP_KEEPS = 256 << 20  # a node process's malloc serves blocks below this from its heap, and keeps freed ones

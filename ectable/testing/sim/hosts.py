@@ -3,7 +3,9 @@
 `SimNodeHost` is a node process as `process/node_server.py` runs it (the same `NodeHost` and
 `Node`), with the simulated network instead of ZeroMQ and the world's events instead of a poll
 loop: it answers requests, sends its deltas to peers and resends them until acknowledged,
-closes windows when idle, keeps its presence alive under a lease, follows the map and runs
+closes windows when idle, keeps its presence alive under a lease, reads the map and the writers when
+`_Presence` would (`reads_due`: on a change its watch reports, after a random lag of up to a beat; at every
+beat while it awaits replays; every RESYNC s), follows the map and runs
 `rebuild_streams` fibers of `RebuildRounds` while it rebuilds. `SimDecider` runs the production `Decider`.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ...config import MAX_STREAMS
 from ...errors import Error, Unavailable
 from ...membership import LeaseNotFound
 from ...process.host import NodeHost
-from ...process.node_server import GRACE, HEARTBEAT, NODE_TTL, RESEND, TICK
+from ...process.node_server import GRACE, HEARTBEAT, NODE_TTL, RESEND, TICK, reads_due
 from ...process.rebuilder import RebuildRounds
 from ...protocol import messages
 from ...protocol.messages import ErrorCode
@@ -45,6 +47,10 @@ class SimNodeHost(NodeHost):
         self.rebuild_streams: set[int] = set()  # the parts whose streams still run
         self.rebuild_number = 0  # which rebuild a stream's fiber belongs to (one left after `leave` ends quietly)
         self.rebuild_lost: str | None = None
+        self.watch = None  # of the store, made at the first beat that reaches it
+        self.changed = True  # the watch reported a change of the map or the writers not read yet
+        self.read_at = float("-inf")  # when the map and the writers were last read
+        self.map_read, self.live = None, None  # as last read
         network.hosts[endpoint] = self
         self.announce()
         world.at(HEARTBEAT, self.heartbeat, endpoint)
@@ -77,12 +83,38 @@ class SimNodeHost(NodeHost):
             if self.lease is not None and not self.store.membership.keepalive(self.lease):
                 self.lease, self.announced = None, None  # expired: this node was failed over
             self.announce()
-            self.follow_map(self.store.read_map())
-            if self.node is not None:
-                self.node.take_writers(self.store.writers(), self.world.now)
+            self.presence()
         self.rebuild()
         self.send_outbox()
         self.world.at(HEARTBEAT, self.heartbeat, self.endpoint)
+
+    def presence(self) -> None:
+        """Read the map and the writers if due (`reads_due`), follow the map; the writers last read stand as
+        alive now (as `_Presence` vouches for them at a beat with no read)."""
+        if not self._store_reachable():
+            return  # a change reported meanwhile is read once the store is reached
+        if self.watch is None:  # made before the read, as `_Presence` does
+            self.watch = self.store.membership.watch(self.store.prefix + "/", self._changes)
+            self.changed = True
+        now = self.world.now
+        if reads_due(now, self.read_at, True, self.changed, self.node):
+            self.changed = False
+            self.map_read = self.store.read_map() or self.map_read
+            self.live, self.read_at = self.store.writers(), now
+        self.follow_map(self.map_read)
+        if self.node is not None and self.live is not None:
+            self.node.take_writers(self.live, now)
+
+    def _changes(self, events) -> None:
+        """The watch's callback: a change of the map or the writers reaches this node after a lag."""
+        if self.store.moves_nodes(events):
+            self.world.at(self.world.rng.uniform(0.0, HEARTBEAT), self._changed, self.endpoint)
+
+    def _changed(self) -> None:
+        self.changed = True
+        self.presence()
+        self.rebuild()
+        self.send_outbox()
 
     # -- requests --------------------------------------------------------
     def receive(self, frames: list) -> list:
@@ -212,6 +244,8 @@ class SimNodeHost(NodeHost):
         """SIGKILL: everything of this process stops at once; its lease expires on its own."""
         self.alive = False
         self.world.kill(self.endpoint)
+        if self.watch is not None:
+            self.watch.cancel()
         for part in range(MAX_STREAMS):
             self.world.kill(f"{self.endpoint}/rebuilder/{part}")
 
