@@ -112,21 +112,26 @@ def test_delta_terms_scale_each_row_by_its_own_coefficient(k, r, n, data):
     np.testing.assert_array_equal(code.delta_terms(j, i, delta), expect)
 
 
-@given(st.integers(1, 8), st.integers(1, 4), st.lists(st.integers(0, 300), min_size=0, max_size=6), st.data())
-def test_grouped_terms_keep_each_group_in_its_rows_place_and_scale_each_row_by_its_coefficient(k, r, sizes, data):
+@given(st.integers(1, 8), st.integers(1, 4), st.lists(st.integers(0, 300), min_size=0, max_size=6),
+       st.sampled_from([260, 9]), st.data())
+def test_grouped_rows_stay_in_their_group_and_addmul_sorted_adds_each_rows_term(k, r, sizes, width, data):
     code = get_code("rs", k, r)
     n = sum(sizes)
     groups = np.repeat(np.arange(len(sizes)), sizes)
     j = np.array(data.draw(st.lists(st.integers(0, r - 1), min_size=n, max_size=n)), dtype=np.int64)
     i = np.array(data.draw(st.lists(st.integers(0, k - 1), min_size=n, max_size=n)), dtype=np.int64)
-    delta = blocks(1, n, 260, seed=data.draw(st.integers(0, 999)))[0]  # a record of 65 floats: 252 rows a pass
-    order, terms = code.grouped_terms(j, i, delta, groups)
+    delta = blocks(1, n, width, seed=data.draw(st.integers(0, 999)))[0]  # 260: a record of 65 floats, 252 rows a pass
+    order, coef = code.grouped(j, i, groups)
     assert sorted(order.tolist()) == list(range(n))
     np.testing.assert_array_equal(groups[order], groups)  # every group's rows where they were
-    np.testing.assert_array_equal(terms, code.delta_terms(j, i, delta)[order])
-    coef = code.coefficients[j, i][order]
+    np.testing.assert_array_equal(coef, code.coefficients[j, i][order])
     for g in range(len(sizes)):  # within a group, the rows of a coefficient together
         assert (np.diff(coef[groups == g].astype(int)) >= 0).all()
+    dst = blocks(1, n, width, seed=1000)[0].copy()
+    expect = dst ^ code.delta_terms(j, i, delta)[order]
+    gf256.addmul_sorted(dst, coef, delta, order)
+    np.testing.assert_array_equal(dst, expect)
+    np.testing.assert_array_equal(gf256.scale_sorted(coef, delta, order), code.delta_terms(j, i, delta)[order])
 
 
 def test_gf_kernel_scales_rows_past_a_chunk_and_leaves_its_input_alone():

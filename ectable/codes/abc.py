@@ -85,13 +85,13 @@ class Code(ABC):
         """Row x of the result is coefficient(j[x], i[x]) * delta[x]: what parity row x must XOR in."""
         return gf256.scale_rows(self.coefficients[j, i], delta)
 
-    def grouped_terms(self, j: np.ndarray, i: np.ndarray, delta: np.ndarray, groups: np.ndarray) -> tuple:
-        """(order, terms): `delta_terms` of the rows in the order `order`, which sorts them by `groups`
-        (non-negative, below 2**55, non-decreasing along the rows, so each group's terms stay in its rows'
-        place), and within a group by coefficient: terms[q] = coefficient(j[o], i[o]) * delta[o], o = order[q]."""
+    def grouped(self, j: np.ndarray, i: np.ndarray, groups: np.ndarray) -> tuple:
+        """(order, coefficients): an order of the rows that sorts them by `groups` (non-negative, below 2**55,
+        non-decreasing along the rows, so each group's rows stay in its place) and within a group by
+        coefficient, and coefficient(j[o], i[o]) of each row o in that order (for `gf256.addmul_sorted`)."""
         coef = self.coefficients[j, i]
         order = np.argsort(groups.astype(np.int64) << 8 | coef, kind="stable")
-        return order, gf256.scale_sorted(coef[order], delta, order)
+        return order, coef[order]
 
     def get_config(self) -> dict:
         return {"id": self.codec_id, "k": self.k, "r": self.r}

@@ -71,13 +71,35 @@ def scale_rows(coef: np.ndarray, src: np.ndarray) -> np.ndarray:
 
 def scale_sorted(coef: np.ndarray, src: np.ndarray, order: np.ndarray) -> np.ndarray:
     """A new array whose row q is coef[q] * src[order[q]], for 2-D uint8 `src`, valid row numbers `order` and
-    `coef` in runs of equal values: each run's rows are gathered and looked up in passes of `CHUNK` bytes, and
-    land in place (nothing is scattered)."""
+    `coef` in runs of equal values (nothing is scattered)."""
     width = src.shape[1]
     out = bytearray(coef.size * width)
-    if not out:
-        return np.frombuffer(out, dtype=np.uint8).reshape(coef.size, width)
     view = memoryview(out)
+    for lo, hi, product in _products(coef, src, order):
+        view[lo * width:hi * width] = product
+    return np.frombuffer(out, dtype=np.uint8).reshape(coef.size, width)
+
+
+def addmul_sorted(dst: np.ndarray, coef: np.ndarray, src: np.ndarray, order: np.ndarray) -> None:
+    """dst[q] ^= coef[q] * src[order[q]] in place, for C-contiguous 2-D uint8 `dst` of `coef.size` rows and
+    `scale_sorted`'s other arguments: each product is XORed in as it is made, with no array of terms."""
+    flat = dst.reshape(-1)
+    width = src.shape[1]
+    if width % 4 == 0:  # in wider words
+        flat, width, word = flat.view(np.uint32), width // 4, np.uint32
+    else:
+        word = np.uint8
+    for lo, hi, product in _products(coef, src, order):
+        seg = flat[lo * width:hi * width]
+        np.bitwise_xor(seg, np.frombuffer(product, dtype=word), out=seg)
+
+
+def _products(coef: np.ndarray, src: np.ndarray, order: np.ndarray):
+    """(lo, hi, bytes of coef[q] * src[order[q]] for q in [lo, hi)), in order: each run of equal coefficients'
+    rows are gathered and looked up in passes of `CHUNK` bytes."""
+    width = src.shape[1]
+    if not coef.size or not width:
+        return
     cuts = (np.flatnonzero(coef[1:] != coef[:-1]) + 1).tolist()
     step = max(1, CHUNK // width)  # rows per lookup pass
     full = bytearray(min(step, coef.size) * width)  # gathered straight into what `translate` reads
@@ -88,8 +110,7 @@ def scale_sorted(coef: np.ndarray, src: np.ndarray, order: np.ndarray) -> np.nda
             gathered = full if (hi - lo) * width == len(full) else bytearray((hi - lo) * width)
             np.take(src, order[lo:hi], axis=0, mode="clip",  # "raise" would gather into a copy first
                     out=np.frombuffer(gathered, dtype=np.uint8).reshape(hi - lo, width))
-            view[lo * width:hi * width] = gathered.translate(table)
-    return np.frombuffer(out, dtype=np.uint8).reshape(coef.size, width)
+            yield lo, hi, gathered.translate(table)
 
 
 def addmul(dst: np.ndarray, c: int, src: np.ndarray) -> None:

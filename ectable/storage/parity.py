@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import put_rows
 from ..codes import gf256
 from ..errors import InvalidRequest
 from ..layout import Layout
@@ -153,8 +154,8 @@ def fold(code, entries: list) -> None:
     parity row of those shards is there). Each message's rows go into the parity rows of all its tables with
     one gather, XOR and scatter per block of the node's arena (a message names each table once and each parity
     row of a table once; two messages may name the same parity row). With GF(2^8) coefficients, the rows of
-    such a run are taken in order of coefficient, so that their terms are computed in place and the run's
-    parity rows permuted instead of the terms scattered."""
+    such a run are taken in order of coefficient, and their parity rows gathered in that order, so that each
+    term is XORed in as it is computed (`gf256.addmul_sorted`)."""
     delta = np.concatenate([e.delta for e in entries]) if len(entries) > 1 else entries[0].delta
     runs, at = [], 0  # (block, first and end row of the deltas, parity rows)
     for entry in entries:
@@ -166,6 +167,9 @@ def fold(code, entries: list) -> None:
         return
     j, pos = (np.concatenate([e.slots[n] for e in entries]) for n in (0, 2))
     run = np.repeat(np.arange(len(runs)), [end - start for _, start, end, _ in runs])
-    order, terms = code.grouped_terms(j, pos, delta, run)  # each run's terms in its place, rows permuted
+    order, coef = code.grouped(j, pos, run)  # each run's rows in its place, by coefficient
     for block, start, end, rows in runs:
-        gf256.xor_rows(block.rows, rows[order[start:end] - start], terms[start:end])
+        at = rows[order[start:end] - start]
+        part = np.take(block.rows, at, axis=0)
+        gf256.addmul_sorted(part, coef[start:end], delta, order[start:end])
+        put_rows(block.rows, at, part)
