@@ -45,11 +45,13 @@ from .train_loop import create_tables, full_checkpoint, touch_all
 from .workloads import DIM, WORKLOADS, Workload
 
 K = 4
+NODE_NICE: int | None = None  # `--node-nice`: the node processes' `node_nice` (None: LocalCluster's default)
 
 
 def make_cluster(work: Workload, spares: int = 1, share: float = 1.0):
     """An xor(4,1) cluster of node processes with `spares` spares, holding the workload's tables."""
-    cluster = ectable.LocalCluster(nodes=K + 1, code="xor", k=K, r=1, spares=spares, rebuild_share=share)
+    nice = {} if NODE_NICE is None else {"node_nice": NODE_NICE}
+    cluster = ectable.LocalCluster(nodes=K + 1, code="xor", k=K, r=1, spares=spares, rebuild_share=share, **nice)
     client = cluster.connect()
     create_tables(client, work, init="uniform")
     return cluster, client
@@ -308,7 +310,11 @@ def main():
     parser.add_argument("--parts", nargs="+", default=["size", "during", "checkpoint"])
     parser.add_argument("--profile", action="store_true", help="during: cProfile the trainer over each rebuild")
     parser.add_argument("--lookahead", type=int, default=0, help="during: train through ectable.Lookahead, L batches ahead")
+    parser.add_argument("--node-nice", type=int, help="the node processes' priority below this one's (LocalCluster's "
+                        "node_nice; default: its default)")
     args = parser.parse_args()
+    global NODE_NICE
+    NODE_NICE = args.node_nice
     out: dict = {}
     compute = args.compute_ms / 1000
     if "size" in args.parts:

@@ -32,6 +32,7 @@ WARMUP = 3  # untimed iterations first
 GROUPED = {"window_steps": 4, "window_seconds": 1.0}  # a window per 4 iterations (the timer must not close it first)
 STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("rs", 4, 2, 6), ("xor", 4, 1, 6, GROUPED), ("rs", 4, 2, 6, GROUPED),
           ("none", 4, 0, 9), ("rs", 6, 3, 9)]
+NODE_NICE: int | None = None  # `--node-nice`: the node processes' `node_nice` (None: LocalCluster's default)
 CURVE_STORES = [("none", 4, 0, 6), ("xor", 4, 1, 6), ("none", 4, 0, 6, {"keys": True}), ("xor", 4, 1, 6, {"keys": True})]
 
 
@@ -105,7 +106,8 @@ def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processe
     """(seconds, node CPU seconds, trainer CPU seconds) of the timed iterations on a cluster: get_many, model
     step, apply_gradient_many, step; `options` go to the cluster (with "keys", every process has its own CURVE
     key pair, and nodes check each request's role). In process, the nodes' CPU is the trainer's."""
-    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes, **(options or {})) as cluster:
+    nice = {"node_nice": NODE_NICE} if processes and NODE_NICE is not None else {}
+    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes, **nice, **(options or {})) as cluster:
         client = cluster.connect()
         create_tables(client, work)
         pids = cluster.node_pids() if processes else []
@@ -174,7 +176,11 @@ def main():
     parser.add_argument("--curve", action="store_true", help="none and xor(4,1), each with and without CURVE keys")
     parser.add_argument("--one-step-windows", action="store_true",
                         help="leave out the stores with window_steps (for a build that lacks it)")
+    parser.add_argument("--node-nice", type=int, help="the node processes' priority below this one's (LocalCluster's "
+                        "node_nice; default: its default)")
     args = parser.parse_args()
+    global NODE_NICE
+    NODE_NICE = args.node_nice
     stores = CURVE_STORES if args.curve else STORES
     if args.one_step_windows:
         stores = [s for s in stores if not (s[4:] and "window_steps" in s[4])]
@@ -185,12 +191,13 @@ def main():
         mode = "in process" if args.in_process else "node processes over ZeroMQ"
         print(f"\n{work.describe()}; {args.iters} iterations, {mode}, {args.compute_ms:g} ms model step")
         suffix = ("_inprocess" if args.in_process else "") + (f"_compute{args.compute_ms:g}ms" if compute else "")
-        suffix += "_curve" if args.curve else ""
+        suffix += ("_curve" if args.curve else "") + (f"_nice{args.node_nice}" if args.node_nice is not None else "")
         report(f"train_loop_{name}{suffix}", ["store", "ids/s", "vs none", "vs numpy", "node CPU ms/it",
                                               "trainer CPU ms/it"],
                table(work, result["median"], result["cpu_ms_per_iteration"], stores),
                {**result, "workload": work.describe(), "compute_ms": args.compute_ms, "iters": args.iters,
-                "unique_per_batch": work.unique_per_batch(), "checkpoint_every": args.checkpoint_every})
+                "unique_per_batch": work.unique_per_batch(), "checkpoint_every": args.checkpoint_every,
+                "node_nice": args.node_nice})
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ def cmd_node(args) -> None:
     metrics = args.metrics_port
     if metrics is None and "port" in data.get("metrics", {}):  # one port per node: the file's, plus its position
         metrics = int(data["metrics"]["port"]) + (args.id or 0)
-    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data), data.get("membership"), metrics)
+    run(bind or "tcp://127.0.0.1:0", curve, args.parent, map_header, _token(data), data.get("membership"), metrics,
+        args.nice)
 
 
 def cmd_drain(args) -> None:
@@ -353,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "node-N and spare-N): a node takes its position, a spare binds its endpoint and waits")
     p.add_argument("--bind", help="endpoint to listen on (default: from the config, else tcp://127.0.0.1:0)")
     p.add_argument("--parent", type=int, help="exit when this process dies")
+    p.add_argument("--nice", type=int, default=0, help="lower the node's CPU priority by this much (as `nice -n`): "
+                   "on a machine it shares with a training loop, the loop's work goes first (default 0)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port of 127.0.0.1 (default: "
                    "the cluster file's [metrics] port plus --id, if it has one; else none)")
     p.set_defaults(fn=cmd_node)

@@ -13,6 +13,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ectable
+from ectable.process.local import NODE_NICE
 from ectable.protocol import deltas as payload
 from ectable.testing import check_parity, read_records
 from ectable.testing.statemachine import machine_for
@@ -53,6 +54,21 @@ def test_nodes_are_processes_on_loopback(cluster):
     pids = c.node_pids()
     assert len(set(pids)) == 5 and os.getpid() not in pids
     assert all(e.startswith("tcp://127.0.0.1:") for e in c.endpoints)
+
+
+def thread_priorities(pid: int) -> set:
+    return {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_node_processes_run_below_the_trainers_priority(cluster):
+    """Every thread of a node process (numpy's, ZeroMQ's, the presence's) is NODE_NICE below its parent."""
+    c, client = cluster
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert all(thread_priorities(pid) == {min(ours + NODE_NICE, 19)} for pid in c.node_pids())
+    with ectable.LocalCluster(nodes=3, code="xor", k=2, node_nice=0) as same:
+        assert all(thread_priorities(pid) == {ours} for pid in same.node_pids())
+    with pytest.raises(ValueError, match="node_nice"):
+        ectable.LocalCluster(nodes=3, code="xor", k=2, node_nice=20)
 
 
 def test_process_cluster_matches_in_process_cluster(cluster):

@@ -34,6 +34,11 @@ from ..transport import InProcessChannel, ZmqChannel
 DEFAULT_R = {"none": 0, "xor": 1, "rs": 2}
 START_TIMEOUT = 60.0
 SPARE_KEYS = 16  # node keys made beyond the nodes and spares started, for spares added later (keys=True)
+# How much lower a local node process's CPU priority is than its parent's, by default: on the bench's 2 cores, 10
+# rather than 0 trained rs(6,3) 4-8% faster with a 20 ms model step (the trainer woke from the step on time instead of
+# 2-3 ms late behind parity work), xor and rs(6,3) 10-17% faster with none, and 6-8% faster through a rebuild
+# (docs/benchmarks.md, "Node processes below the trainer's priority").
+NODE_NICE = 10
 
 
 def _checked_config(nodes, code, k, r, spares, **tuning) -> ClusterConfig:
@@ -326,11 +331,18 @@ class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
 
     `keys`: CURVE keys by role (`ectable.security`): a directory `ectable keygen` wrote (one file per
     node, decider and client; each process started takes a file of its role, this object client-0's),
-    or True for keys made here (with SPARE_KEYS node keys to spare, for spares added later)."""
+    or True for keys made here (with SPARE_KEYS node keys to spare, for spares added later).
+
+    `node_nice`: how much lower the node processes' CPU priority is than this process's (`ectable node --nice`).
+    They share this machine with the training loop: on its cores, the loop's work goes first and parity work
+    fills the time the loop leaves (0: the same priority)."""
 
     def __init__(self, *args, keys: str | bool | None = None, etcd: list[str] | None = None, deciders: int = 2,
-                 metrics_port: int | None = None, **kwargs):
+                 metrics_port: int | None = None, node_nice: int = NODE_NICE, **kwargs):
         LocalCluster.__init__(self, *args, **kwargs)
+        if not 0 <= node_nice <= 19:
+            raise ValueError(f"node_nice must be 0 to 19, got {node_nice!r}")
+        self._nice = ["--nice", str(node_nice)] if node_nice else []
         self._metrics_port = metrics_port  # the next node process's Prometheus port (None: no metrics)
         self.metrics: dict[str, int] = {}  # node endpoint -> its metrics port
         self._token = secrets.token_hex(16)  # only this cluster's deciders may re-map, fault or stop its nodes
@@ -363,10 +375,10 @@ class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
 
     def _spawn_nodes(self, count: int) -> list[str]:
         if self._metrics_port is None:
-            return self._spawn_role("node", ["node", "--bind", "tcp://127.0.0.1:0"], count)
+            return self._spawn_role("node", ["node", "--bind", "tcp://127.0.0.1:0", *self._nice], count)
         ports = list(range(self._metrics_port, self._metrics_port + count))
         self._metrics_port += count
-        endpoints = self._spawn_role("node", ["node", "--bind", "tcp://127.0.0.1:0"], count,
+        endpoints = self._spawn_role("node", ["node", "--bind", "tcp://127.0.0.1:0", *self._nice], count,
                                      [["--metrics-port", str(port)] for port in ports])
         self.metrics.update(zip(endpoints, ports))
         return endpoints

@@ -414,6 +414,21 @@ def keep_freed_buffers() -> bool:
     return bool(mallopt(m_mmap_threshold, HEAP_KEEPS)) and bool(mallopt(m_trim_threshold, 2 * HEAP_KEEPS))
 
 
+def lower_priority(nice: int) -> None:
+    """Lower this process's CPU priority by `nice`: every thread's on Linux (where a priority is a thread's, and
+    threads started so far, such as numpy's, keep theirs), threads started later take it from their creator."""
+    level = os.getpriority(os.PRIO_PROCESS, 0) + nice
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: the process's
+        threads = [0]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(level, 19))
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
 def die_with_parent(parent: int) -> None:
     """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
     try:
@@ -434,15 +449,18 @@ def is_loopback(endpoint: str) -> bool:
 
 
 def run(bind: str, curve: dict | None = None, parent: int | None = None, map_header: dict | None = None,
-        token: str | None = None, membership: dict | None = None, metrics: int | None = None) -> None:
+        token: str | None = None, membership: dict | None = None, metrics: int | None = None, nice: int = 0) -> None:
     """Serve until told to shut down; prints `READY <endpoint>` once listening. Without CURVE keys it listens
-    on loopback only (anyone who can reach the port could otherwise write to the node)."""
+    on loopback only (anyone who can reach the port could otherwise write to the node). `nice`: how much to
+    lower the process's CPU priority (every thread's)."""
     if not curve and not is_loopback(bind):
         sys.exit(f"ectable node: refusing to listen on {bind} without CURVE keys: any host that reaches it could "
                  f"send it requests; make keys with `ectable keygen` and list them in the cluster file's [security], "
                  f"or bind to 127.0.0.1")
     if parent:
         die_with_parent(parent)
+    if nice:
+        lower_priority(nice)
     keep_freed_buffers()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where the node is
