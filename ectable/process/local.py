@@ -36,7 +36,7 @@ START_TIMEOUT = 60.0
 SPARE_KEYS = 16  # node keys made beyond the nodes and spares started, for spares added later (keys=True)
 # How much lower a local node process's CPU priority is than its parent's, by default: on the bench's 2 cores, 10
 # rather than 0 trained rs(6,3) 4-8% faster with a 20 ms model step (the trainer woke from the step on time instead of
-# 2-3 ms late behind parity work), xor and rs(6,3) 10-17% faster with none, and 6-8% faster through a rebuild
+# 2-3 ms late behind parity work), xor and rs(6,3) 10-17% faster with none, and 5-8% faster through a rebuild
 # (docs/benchmarks.md, "Node processes below the trainer's priority").
 NODE_NICE = 10
 
