@@ -123,7 +123,12 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
             rebuilt = time.perf_counter() - t0
             after = _lost(client, reference)
             client.flush()
-            check_parity(cluster, client)
+            try:
+                check_parity(cluster, client)
+            except AssertionError:  # what the round did, and where the cluster stands, before the error
+                log(f"round {n}: parity check failed: {' then '.join(notes)}, {moment} at batch {at + 1}/"
+                    f"{len(batches)}; degraded read of all rows: {bad} lost; read again: {after} lost; {_state(cluster)}")
+                raise
             lost += bad + after
             for _ in notes:
                 cluster.add_spare()
