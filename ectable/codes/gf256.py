@@ -61,6 +61,14 @@ def xor_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
     put_rows(dst, rows, part)
 
 
+def addmul_rows(dst: np.ndarray, rows: np.ndarray, coef: np.ndarray, src: np.ndarray, order: np.ndarray) -> None:
+    """dst[rows[q]] ^= coef[q] * src[order[q]] for a 2-D uint8 `dst`, unique `rows` and `addmul_sorted`'s other
+    arguments: one gather, the products XORed in, one scatter (`xor_rows` with coefficients)."""
+    part = np.take(dst, rows, axis=0)
+    addmul_sorted(part, coef, src, order)
+    put_rows(dst, rows, part)
+
+
 def scale_rows(coef: np.ndarray, src: np.ndarray) -> np.ndarray:
     """A new array whose row x is coef[x] * src[x], for 2-D uint8 `src` and one coefficient per row."""
     order = np.argsort(coef, kind="stable")  # the rows of each coefficient together: one table each

@@ -340,7 +340,7 @@ class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
     def __init__(self, *args, keys: str | bool | None = None, etcd: list[str] | None = None, deciders: int = 2,
                  metrics_port: int | None = None, node_nice: int = NODE_NICE, **kwargs):
         LocalCluster.__init__(self, *args, **kwargs)
-        if not 0 <= node_nice <= 19:
+        if not isinstance(node_nice, int) or not 0 <= node_nice <= 19:
             raise ValueError(f"node_nice must be 0 to 19, got {node_nice!r}")
         self._nice = ["--nice", str(node_nice)] if node_nice else []
         self._metrics_port = metrics_port  # the next node process's Prometheus port (None: no metrics)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import put_rows
 from ..codes import gf256
 from ..errors import InvalidRequest
 from ..layout import Layout
@@ -169,7 +168,4 @@ def fold(code, entries: list) -> None:
     run = np.repeat(np.arange(len(runs)), [end - start for _, start, end, _ in runs])
     order, coef = code.grouped(j, pos, run)  # each run's rows in its place, by coefficient
     for block, start, end, rows in runs:
-        at = rows[order[start:end] - start]
-        part = np.take(block.rows, at, axis=0)
-        gf256.addmul_sorted(part, coef[start:end], delta, order[start:end])
-        put_rows(block.rows, at, part)
+        gf256.addmul_rows(block.rows, rows[order[start:end] - start], coef[start:end], delta, order[start:end])

@@ -93,9 +93,8 @@ class SimNodeHost(NodeHost):
         alive now (as `_Presence` vouches for them at a beat with no read)."""
         if not self._store_reachable():
             return  # a change reported meanwhile is read once the store is reached
-        if self.watch is None:  # made before the read, as `_Presence` does
+        if self.watch is None:  # made before the first read (`changed` starts set), as `_Presence` does
             self.watch = self.store.membership.watch(self.store.prefix + "/", self._changes)
-            self.changed = True
         now = self.world.now
         if reads_due(now, self.read_at, True, self.changed, self.node):
             self.changed = False
