@@ -654,6 +654,9 @@ class Node:
                 raise InvalidRequest(f"table {shard.spec.name!r}: parity rows have the wrong shape")
             if versions[0].dtype != np.int64 or versions[0].shape != keys.shape:
                 raise InvalidRequest(f"table {shard.spec.name!r}: parity rows need their degraded-write counts")
+            if self._unknown_sender(shard, keys, cut):
+                return messages.error(ErrorCode.STALE_CUT, "a node this read did not know of sent deltas to these "
+                                                           "rows since"), []
             later = [(ids, delta) for source, seq in cut.items() for n, _, name, ids, delta
                      in self.skipped.get(source, ()) if n > seq and name == shard.spec.name]
             shard.restore_parity(keys, values, versions[0], later)
@@ -671,6 +674,19 @@ class Node:
             shard.restore(*self._records(shard, keys, values))
         self._count_rebuilt(before - shard.missing_count())
         return {}, []
+
+    def _unknown_sender(self, shard, stripes, cut: dict) -> bool:
+        """Whether a node that the restore's `cut` does not name, and that is not known dead, sent deltas to parity
+        rows of `stripes` that they skipped while missing: a data node whose slots the read decoded (its position
+        was dead then) and that a spare has taken since. Whether the data read holds those deltas is not known,
+        so the rows are read again (the next read names that node)."""
+        name = shard.spec.name
+        for source, log in self.skipped.items():
+            if source in cut or source in self.fenced or not source.startswith("node/"):
+                continue
+            if any(table == name and np.isin(shard.layout.stripe(ids), stripes).any() for _, _, table, ids, _ in log):
+                return True
+        return False
 
     def op_restore_rows(self, msg, arrays):
         """Install rebuilt data records of several tables (arrays: ids, records per table), every table checked
