@@ -306,33 +306,46 @@ def test_a_parity_restore_whose_read_decoded_a_node_that_sent_skipped_deltas_sin
     spare skips deltas to parity rows it lacks and folds in, at their restore, those newer than the data read.
     A read that decoded a data position (dead then) does not name the node a spare put there since, so its
     skipped deltas (the writes replayed into it) were left out of the restored row. Such a restore is refused
-    (stale_cut) and changes nothing; one whose read names that node folds them in."""
+    (stale_cut) and changes nothing, also once the skipped deltas themselves are forgotten (SKIPPED_SECONDS
+    later); one whose read names that node folds them in."""
     from ectable.config import ClusterConfig
     from ectable.protocol.messages import Get, Restore, Write
-    from ectable.storage.node import Node
+    from ectable.storage.node import SKIPPED_SECONDS, Node
     from ectable.storage.table import TableSpec
 
     config = ClusterConfig(5, "xor", 4, 1)
-    spec = TableSpec.from_config({"name": "t", "num_rows": 40, "dim": 2, "seed": 0,
+    spec = TableSpec.from_config({"name": "t", "num_rows": 80, "dim": 2, "seed": 0,
                                   "optimizer": {"name": "sgd", "lr": 0.1}, "init": {"kind": "zeros"}})
     layout = config.layout(spec)
-    stripe = np.flatnonzero(layout.parity_node(np.arange(layout.num_stripes), 0) == 4)[:1]
-    row = np.array([int(stripe[0]) * 4])
-    writer, spare = Node(int(layout.data_node(row)[0]), config), Node(4, config, rebuilding=True)
+    stripes = np.flatnonzero(layout.parity_node(np.arange(layout.num_stripes), 0) == 4)
+    row = np.array([int(stripes[0]) * 4])
+    position = int(layout.data_node(row)[0])
+    rows = (stripes[1:, None] * 4 + np.arange(4)).ravel()
+    other = rows[layout.data_node(rows) == position][:1]  # a row of the same node in another such stripe
+    now = [0.0]
+    writer, spare = Node(position, config), Node(4, config, rebuilding=True, clock=lambda: now[0])
     for node in (writer, spare):
         node.handle({"op": "create_table", "spec": spec.get_config()}, [])
-    value = np.array([[1.5, -2.0]], np.float32)
-    assert "error" not in writer.handle(Write(parts=[["t", "put"]], cid="c", cseq=1).header(), [row, value])[0]
-    writer.close_window()
-    [(delta, arrays)] = [(header, arrays) for target, header, arrays in writer.take_outbox() if target == 4]
-    assert spare.handle(delta, arrays)[0].get("ack") == 1
-    zeros = np.zeros((1, spec.width * 4), np.uint8)  # the row as decoded before the writer's delta
-    decoded = Restore(table="t", kind="parity", cut={}, generation=spare.generation)
+    zeros = np.zeros((1, spec.width * 4), np.uint8)  # a row as decoded before the writer's deltas
+
+    def put(ids, value, cseq):
+        assert "error" not in writer.handle(Write(parts=[["t", "put"]], cid="c", cseq=cseq).header(),
+                                            [ids, np.full((1, 2), value, np.float32)])[0]
+        writer.close_window()
+        [(delta, arrays)] = [(header, arrays) for target, header, arrays in writer.take_outbox() if target == 4]
+        assert "ack" in spare.handle(delta, arrays)[0]
+
+    def restore(ids, cut, seen=None):
+        header = Restore(table="t", kind="parity", cut=cut, seen=seen, generation=spare.generation).header()
+        return spare.handle(header, [layout.stripe(ids), zeros, np.zeros(1, np.int64)])[0]
+
+    put(row, 1.5, 1)
+    put(other, -2.0, 2)
     missing = spare.shards["t"].missing_count()
-    answer = spare.handle(decoded.header(), [stripe, zeros, np.zeros(1, np.int64)])[0]
-    assert answer.get("error") == "stale_cut" and spare.shards["t"].missing_count() == missing
-    reply = writer.handle(Get(table="t", committed=True, records=True).header(), [row])
-    named = Restore(table="t", kind="parity", cut={writer.source: 0}, seen={writer.source: spare.source},
-                    generation=spare.generation)
-    assert "error" not in spare.handle(named.header(), [stripe, zeros, np.zeros(1, np.int64)])[0]
-    np.testing.assert_array_equal(spare.shards["t"].read_parity(stripe)[0], reply[1][0].view(np.uint8))
+    assert restore(row, {}).get("error") == "stale_cut" and spare.shards["t"].missing_count() == missing
+    assert "error" not in restore(row, {writer.source: 0}, {writer.source: spare.source})
+    record = writer.handle(Get(table="t", committed=True, records=True).header(), [row])[1][0]
+    np.testing.assert_array_equal(spare.shards["t"].read_parity(layout.stripe(row))[0], record.view(np.uint8))
+    now[0] += SKIPPED_SECONDS + 1
+    put(row, 3.0, 3)  # a delta after that long: the spare forgets the ones it skipped before
+    assert restore(other, {}).get("error") == "stale_cut" and spare.shards["t"].missing_count() == missing - 1

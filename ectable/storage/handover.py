@@ -111,6 +111,7 @@ def export(node: Node, copied=frozenset(), parity: bool = True) -> tuple[dict, l
         "write_seq": node.write_seq, "closed_windows": node.closed_windows, "durable_window": node.durable_window,
         "next_seq": [[t, s] for t, s in node._next_seq.items()],
         "applied": node.applied, "fenced": sorted(node.fenced), "skipped_from": node.skipped_from,
+        "skipped_rows": [[source, table, maybe(rows)] for (source, table), rows in node.skipped_rows.items()],
         "promised": {s: until - now for s, until in node.promised.items()}, "rejected": node.rejected,
         "client_marks": node.client_marks, "closed_marks": node.closed_marks,
         "client_writes": {c: list(v) for c, v in node.client_writes.items()},
@@ -185,6 +186,7 @@ def _restore(state: dict, arrays: list, config: ClusterConfig, rows: dict, own: 
     node._next_seq = {int(t): int(s) for t, s in state["next_seq"]}
     node.applied, node.fenced = dict(state["applied"]), set(state["fenced"])
     node.skipped_from = dict(state["skipped_from"])
+    node.skipped_rows = {(source, table): get(i) != 0 for source, table, i in state.get("skipped_rows", ())}
     node.promised = {s: now + left for s, left in state["promised"].items()}
     node.rejected = int(state["rejected"])
     node.client_marks, node.closed_marks = dict(state["client_marks"]), dict(state["closed_marks"])

@@ -105,6 +105,7 @@ class Node:
         self.queued_rows = 0
         self.skipped: dict[str, deque] = {}  # source -> (seq, time, table, ids, delta) skipped while missing
         self.skipped_from: dict[str, int] = {}  # source -> first seq since which `skipped` is complete
+        self.skipped_rows: dict[tuple, np.ndarray] = {}  # (node source, table) -> parity rows it skipped (bool)
         self.replay_from: set[str] | None = None  # writers whose replays a replacement still waits for
         self.replay_deadline = 0.0
         self.replays_since = 0.0  # when this node began to wait for replays (see `take_writers`)
@@ -216,6 +217,7 @@ class Node:
             kept = [entry for entry in log if entry[2] != shard.spec.name]
             log.clear()
             log.extend(kept)
+        self.skipped_rows = {key: rows for key, rows in self.skipped_rows.items() if key[1] != shard.spec.name}
         self.retained.forget(shard.spec.name)
         self.replay_buffer = [(*entry[:6], [w for w in entry[6] if w[0] is not shard]) for entry in self.replay_buffer]
         self._settle()
@@ -533,6 +535,10 @@ class Node:
                 skipped = shard.apply_delta(ids, delta, slots)
                 if skipped is not None:
                     self.skipped.setdefault(entry.source, deque()).append((entry.seq, now, shard.spec.name, *skipped))
+                    if entry.source.startswith("node/"):
+                        rows = self.skipped_rows.setdefault((entry.source, shard.spec.name),
+                                                            np.zeros(shard.missing_parity.size, bool))
+                        rows[slots[1][shard.missing_parity[slots[1]]]] = True
         for entries in whole.values():  # every sender's and table's rows of a width in one pass
             fold(self.code, entries)
         for source, log in self.skipped.items():  # bounded: a rebuild reading older data reads again
@@ -677,14 +683,16 @@ class Node:
 
     def _unknown_sender(self, shard, stripes, cut: dict) -> bool:
         """Whether a node that the restore's `cut` does not name, and that is not known dead, sent deltas to parity
-        rows of `stripes` that they skipped while missing: a data node whose slots the read decoded (its position
-        was dead then) and that a spare has taken since. Whether the data read holds those deltas is not known,
-        so the rows are read again (the next read names that node)."""
-        name = shard.spec.name
-        for source, log in self.skipped.items():
-            if source in cut or source in self.fenced or not source.startswith("node/"):
+        rows of `stripes` that they skipped while missing (at any time in this rebuild): a data node whose slots
+        the read decoded (its position was dead then) and that a spare has taken since. Whether the data read
+        holds those deltas is not known, so the rows are read again (the next read names that node: every live
+        data node of a stripe is in a fresh cut)."""
+        local = None
+        for (source, table), rows in self.skipped_rows.items():
+            if table != shard.spec.name or source in cut or source in self.fenced:
                 continue
-            if any(table == name and np.isin(shard.layout.stripe(ids), stripes).any() for _, _, table, ids, _ in log):
+            local = shard.parity_slots(stripes)[1] if local is None else local
+            if rows[local].any():
                 return True
         return False
 
@@ -856,6 +864,7 @@ class Node:
             self.last_rebuild = {"rows": self.rebuilt_rows, "seconds": now - self.rebuild_since,
                                  "pulling": now - (self.pulled_since or now)}
             self.skipped.clear()
+            self.skipped_rows.clear()
             self.retained.base = 0  # every row rebuilt: a sender first heard of now starts at window 0 here
 
     def rebuild_progress(self) -> dict:
