@@ -3,7 +3,7 @@
 Every round compares every record (weights and optimizer state) of every table with a
 failure-free in-process run of the same requests, bit for bit, once degraded and once
 after the rebuild, and checks parity against a fresh encode. The killed node's process
-is replaced by a new spare for the next round. With r >= 2 half the rounds kill a second
+is replaced by a new spare for the next round. With r >= 2 half the rounds (`--double SHARE`) kill a second
 node one batch after the first, while its spare is still rebuilding. With `--drains SHARE`
 that share of the rounds drains the first node (`LocalCluster.drain`: its position handed to
 a spare, no kill) instead of killing it. With `--adds SHARE` that share of the rounds first adds a node
@@ -65,10 +65,11 @@ def _state(cluster) -> str:
             f"fenced {list(m.fenced)}, failing {list(m.failing)}; presence {presence}")
 
 
-def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float = 0.0, adds: float = 0.0) -> dict:
+def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float = 0.0, adds: float = 0.0,
+        double: float = 0.5) -> dict:
     """Run the loop; returns {"rounds", "kills", "drains", "adds", "lost"} (lost: rows that differed, summed over
     checks). `drains`: the share of rounds whose first node is drained, not killed; `adds`: of rounds that add a
-    node first."""
+    node first; `double`: of rounds that kill a second node (with r >= 2)."""
     k, r = (4, 1) if code == "xor" else (3, 2)
     rng = np.random.default_rng(seed)
     draws = np.random.default_rng(seed + 1)  # a stream of its own: without drains the rounds run as before
@@ -83,7 +84,7 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                 c.create_table(name, num_rows=rows, dim=dim, optimizer=optimizer, lr=0.05, init="uniform", seed=1)
         for n in range(1, rounds + 1):
             moment = MOMENTS[rng.integers(len(MOMENTS))]
-            second = r >= 2 and rng.random() < 0.5  # a second node dies during the first one's rebuild
+            second = r >= 2 and rng.random() < double  # a second node dies during the first one's rebuild
             batches = list(_requests(rng, int(rng.integers(3, 9))))
             at = int(rng.integers(len(batches) - 1))
             drain = draws.random() < drains
@@ -151,6 +152,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--drains", type=float, default=0.0, help="share of rounds that drain a node, not kill it")
     parser.add_argument("--adds", type=float, default=0.0, help="share of rounds that add a node first")
+    parser.add_argument("--double", type=float, default=0.5,
+                        help="share of rounds that kill a second node while the first one's spare rebuilds (r >= 2)")
     parser.add_argument("--log", help="also append the log to this file")
     args = parser.parse_args(argv)
     out = open(args.log, "a") if args.log else None
@@ -159,7 +162,7 @@ def main(argv=None) -> None:
         print(line, flush=True)
         if out:
             print(line, file=out, flush=True)
-    result = run(args.rounds, args.code, args.seed, log, args.drains, args.adds)
+    result = run(args.rounds, args.code, args.seed, log, args.drains, args.adds, args.double)
     sys.exit(0 if result["lost"] == 0 else 1)
 
 
