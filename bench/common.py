@@ -36,6 +36,17 @@ def cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def add_node_nice(parser) -> None:
+    """The `--node-nice` option of the benchmarks that start node processes."""
+    parser.add_argument("--node-nice", type=int, help="the node processes' priority below this one's (LocalCluster's "
+                        "node_nice; default: its default)")
+
+
+def nice(node_nice: int | None) -> dict:
+    """LocalCluster options for `--node-nice` (none: its default)."""
+    return {} if node_nice is None else {"node_nice": node_nice}
+
+
 def machine() -> dict:
     return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
 

@@ -40,7 +40,7 @@ from ectable.cluster.maps import StoredMap
 from ectable.codes import get_code
 from ectable.testing import read_records
 
-from .common import report
+from .common import add_node_nice, nice, report
 from .train_loop import create_tables, full_checkpoint, touch_all
 from .workloads import DIM, WORKLOADS, Workload
 
@@ -50,8 +50,8 @@ NODE_NICE: int | None = None  # `--node-nice`: the node processes' `node_nice` (
 
 def make_cluster(work: Workload, spares: int = 1, share: float = 1.0):
     """An xor(4,1) cluster of node processes with `spares` spares, holding the workload's tables."""
-    nice = {} if NODE_NICE is None else {"node_nice": NODE_NICE}
-    cluster = ectable.LocalCluster(nodes=K + 1, code="xor", k=K, r=1, spares=spares, rebuild_share=share, **nice)
+    cluster = ectable.LocalCluster(nodes=K + 1, code="xor", k=K, r=1, spares=spares, rebuild_share=share,
+                                   **nice(NODE_NICE))
     client = cluster.connect()
     create_tables(client, work, init="uniform")
     return cluster, client
@@ -310,8 +310,7 @@ def main():
     parser.add_argument("--parts", nargs="+", default=["size", "during", "checkpoint"])
     parser.add_argument("--profile", action="store_true", help="during: cProfile the trainer over each rebuild")
     parser.add_argument("--lookahead", type=int, default=0, help="during: train through ectable.Lookahead, L batches ahead")
-    parser.add_argument("--node-nice", type=int, help="the node processes' priority below this one's (LocalCluster's "
-                        "node_nice; default: its default)")
+    add_node_nice(parser)
     args = parser.parse_args()
     global NODE_NICE
     NODE_NICE = args.node_nice

@@ -25,7 +25,7 @@ import numpy as np
 import ectable
 from ectable.protocol.validate import sum_rows
 
-from .common import cpu_seconds, report
+from .common import add_node_nice, cpu_seconds, nice, report
 from .workloads import DIM, WORKLOADS, Workload
 
 WARMUP = 3  # untimed iterations first
@@ -106,8 +106,8 @@ def cluster_loop(work: Workload, code: str, k: int, r: int, nodes: int, processe
     """(seconds, node CPU seconds, trainer CPU seconds) of the timed iterations on a cluster: get_many, model
     step, apply_gradient_many, step; `options` go to the cluster (with "keys", every process has its own CURVE
     key pair, and nodes check each request's role). In process, the nodes' CPU is the trainer's."""
-    nice = {"node_nice": NODE_NICE} if processes and NODE_NICE is not None else {}
-    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes, **nice, **(options or {})) as cluster:
+    with ectable.LocalCluster(nodes=nodes, code=code, k=k, r=r, processes=processes,
+                              **(nice(NODE_NICE) if processes else {}), **(options or {})) as cluster:
         client = cluster.connect()
         create_tables(client, work)
         pids = cluster.node_pids() if processes else []
@@ -176,8 +176,7 @@ def main():
     parser.add_argument("--curve", action="store_true", help="none and xor(4,1), each with and without CURVE keys")
     parser.add_argument("--one-step-windows", action="store_true",
                         help="leave out the stores with window_steps (for a build that lacks it)")
-    parser.add_argument("--node-nice", type=int, help="the node processes' priority below this one's (LocalCluster's "
-                        "node_nice; default: its default)")
+    add_node_nice(parser)
     args = parser.parse_args()
     global NODE_NICE
     NODE_NICE = args.node_nice
