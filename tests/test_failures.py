@@ -337,3 +337,29 @@ def test_wait_recovered_names_the_lost_stripes_when_more_than_r_die(processes):
         cluster.kill(1)
         with pytest.raises(ectable.Unavailable, match=r"stripe"):  # not the Error of a timeout
             client.wait_recovered(timeout=120)
+
+
+def test_a_traced_kill_loop_stops_at_a_row_read_wrong_and_tells_its_history(tmp_path, monkeypatch):
+    """With a trace directory, the loop stops at the first round that reads a row wrong and tells what touched
+    it. Made wrong here by a put that the cluster alone takes, in the last batch of the first round (seed 7: six
+    batches): the history shows that row's writes as its node applied them, the earlier ones as the reference
+    after their batch, the last one as no reference value."""
+    from ectable.testing import kill_loop as loop
+    applied, calls = loop._apply, []
+
+    def apply(client, batch):
+        applied(client, batch)
+        calls.append(client)
+        if len(calls) == 11:  # the cluster's sixth batch
+            client.put("users", np.array([0]), np.full((1, 16), 3.0, np.float32))
+    monkeypatch.setattr(loop, "_apply", apply)
+    monkeypatch.setenv("ECTABLE_TRACE", str(tmp_path))  # run() sets it; this takes it away afterwards
+    lines = []
+    with pytest.raises(AssertionError, match="round 1: 1 rows read wrong"):
+        loop.run(rounds=3, code="xor", seed=7, log=lines.append, trace=str(tmp_path))
+    row = next(n for n, line in enumerate(lines) if line.startswith("  users row 0: "))
+    assert lines[row].endswith("read as the reference after batch none")
+    assert [line.split()[3] for line in lines[1:row]] == ["batch"] * 4 + ["kill"] + ["batch"] * 2
+    writes = [line for line in lines[row + 1:] if line.split()[3] == "apply"]
+    assert len(writes) >= 2 and writes[-1].endswith("the reference after batch none")
+    assert any(line.endswith("]") and "the reference after batch [" in line for line in writes[:-1])

@@ -25,6 +25,7 @@ from ..protocol import messages
 from ..protocol.messages import ErrorCode
 from .host import NodeHost
 from .rebuilder import Rebuilder
+from . import trace
 from ..transport import codec
 from ..transport.zeromq import bind_to, make_socket, start_authenticator
 
@@ -461,6 +462,7 @@ def run(bind: str, curve: dict | None = None, parent: int | None = None, map_hea
         die_with_parent(parent)
     if nice:
         lower_priority(nice)
+    trace.install()  # with ECTABLE_TRACE set: this process's changes to rows, logged (`process/trace.py`)
     keep_freed_buffers()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where the node is

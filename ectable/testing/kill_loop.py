@@ -8,18 +8,22 @@ node one batch after the first, while its spare is still rebuilding. With `--dra
 that share of the rounds drains the first node (`LocalCluster.drain`: its position handed to
 a spare, no kill) instead of killing it. With `--adds SHARE` that share of the rounds first adds a node
 (`LocalCluster.add_node`: the cluster laid out again over one more position, mid-window), then kills
-(or drains) a node of the new layout, up to four nodes more than it began with.
+(or drains) a node of the new layout, up to four nodes more than it began with. With `--trace DIR` every
+process logs its changes to rows (`process/trace.py`) and the loop stops at the first round that reads a row
+wrong, telling what touched each wrong row, and when, against the reference's value after each batch.
 
     python -m ectable.testing.kill_loop --rounds 50 --code rs --drains 0.3 --adds 0.1 --log kill_loop.log
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import numpy as np
 
+from ..process import trace as tracing
 from ..process.local import LocalCluster
 from .checks import check_parity, read_records
 
@@ -49,13 +53,45 @@ def _apply(client, batch) -> None:
             client.put(name, ids, values)
 
 
-def _lost(client, reference) -> int:
-    """Rows whose whole record differs from the failure-free run."""
-    lost = 0
-    for name, (rows, _, _) in TABLES.items():
-        ids = np.arange(rows)
-        lost += int((read_records(client, name, ids) != read_records(reference, name, ids)).any(axis=1).sum())
-    return lost
+def _records(client) -> dict:
+    return {name: read_records(client, name, np.arange(rows)) for name, (rows, _, _) in TABLES.items()}
+
+
+def _lost(client, reference, got: dict | None = None) -> int:
+    """Rows whose whole record differs from the failure-free run (`got`: filled with the records read)."""
+    read = _records(client)
+    if got is not None:
+        got.update(read)
+    want = _records(reference)
+    return sum(int((read[name] != want[name]).any(axis=1).sum()) for name in TABLES)
+
+
+def _explain(directory: str, client, ignore: set, refs: list, got: dict, log) -> None:
+    """What the traces in `directory` say touched each row read wrong (at most 6 per table), each record compared
+    with the reference's after each batch (`refs`; 0: before the round); `ignore`: the reference's nodes."""
+    evs = tracing.events(directory)
+    t0 = evs[0]["t"] if evs else 0.0
+
+    def batches(name, row, record):
+        return [j for j, ref in enumerate(refs) if (ref[name][row] == record).all()] or "none"
+    for e in evs:
+        if e["kind"] in ("batch", "kill"):
+            log("  " + tracing.describe(e, None, t0))
+    for name in TABLES:
+        layout = client._table(name)[1]
+        wrong = np.flatnonzero((got[name] != refs[-1][name]).any(axis=1))
+        for row in wrong[:6].tolist():
+            stripe = layout.stripe(np.array([row]))
+            slots = [int(layout.slot_node(stripe, t)[0]) for t in range(layout.width)]
+            log(f"  {name} row {row}: data on node {int(layout.data_node(np.array([row]))[0])}, stripe {int(stripe[0])} "
+                f"on nodes {slots} (data, then parity); read as the reference after batch {batches(name, row, got[name][row])}")
+            for e, hit in tracing.history(evs, name, [row], layout):
+                if e.get("node") in ignore:
+                    continue
+                line = tracing.describe(e, hit, t0)
+                if e["kind"] in ("apply", "restore"):
+                    line += f"; the reference after batch {batches(name, row, e['records'][hit][0])}"
+                log("    " + line)
 
 
 def _state(cluster) -> str:
@@ -66,10 +102,15 @@ def _state(cluster) -> str:
 
 
 def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float = 0.0, adds: float = 0.0,
-        double: float = 0.5) -> dict:
+        double: float = 0.5, trace: str | None = None) -> dict:
     """Run the loop; returns {"rounds", "kills", "drains", "adds", "lost"} (lost: rows that differed, summed over
     checks). `drains`: the share of rounds whose first node is drained, not killed; `adds`: of rounds that add a
-    node first; `double`: of rounds that kill a second node (with r >= 2)."""
+    node first; `double`: of rounds that kill a second node (with r >= 2); `trace`: a directory for the processes'
+    traces (AssertionError at the first round that reads a row wrong, after telling its history)."""
+    if trace:
+        os.makedirs(trace, exist_ok=True)
+        os.environ[tracing.ENV] = trace  # the node processes inherit it
+        tracing.install()
     k, r = (4, 1) if code == "xor" else (3, 2)
     rng = np.random.default_rng(seed)
     draws = np.random.default_rng(seed + 1)  # a stream of its own: without drains the rounds run as before
@@ -90,7 +131,11 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
             drain = draws.random() < drains
             add = grows.random() < adds and cluster.config.nodes < k + r + 5
             notes, grew = [], ""
+            if trace:
+                tracing.clear(trace)
+                refs = [_records(reference)]  # the reference before the round, then after each batch
             for i, batch in enumerate(batches):
+                tracing.record("batch", round=n, batch=i)
                 if i == at or (i == at + 1 and second):
                     if i == at and moment == "deltas in flight":
                         client.step()
@@ -104,6 +149,7 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                     notes.append(f"{'drained' if drain and i == at else 'SIGKILLed'} node {victim} "
                                  f"(pid {cluster.node_pids()[victim]})"
                                  + (f" while node {rebuilding} rebuilt" if rebuilding else ""))
+                    tracing.record("kill", node=victim, note=notes[-1])
                     if drain and i == at:
                         cluster.drain(victim)
                         drained += 1
@@ -114,7 +160,15 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                     _apply(c, batch)
                 if i != at or moment != "mid-window":
                     client.step()
-            bad = _lost(client, reference)
+                if trace:
+                    refs.append(_records(reference))
+            got: dict = {}
+            bad = _lost(client, reference, got)
+            if trace and bad:
+                log(f"round {n}: {' then '.join(notes)}, {moment} at batch {at + 1}/{len(batches)}; degraded read of "
+                    f"all rows: {bad} lost; the traces ({trace}) say:")
+                _explain(trace, client, set(ref_cluster.store.read_map().sources), refs, got, log)
+                raise AssertionError(f"round {n}: {bad} rows read wrong")
             t0 = time.perf_counter()
             try:
                 client.wait_recovered(timeout=120)
@@ -155,6 +209,8 @@ def main(argv=None) -> None:
     parser.add_argument("--double", type=float, default=0.5,
                         help="share of rounds that kill a second node while the first one's spare rebuilds (r >= 2)")
     parser.add_argument("--log", help="also append the log to this file")
+    parser.add_argument("--trace", help="a directory for every process's trace of its changes to rows; stop at the "
+                        "first round that reads a row wrong and tell its history")
     args = parser.parse_args(argv)
     out = open(args.log, "a") if args.log else None
 
@@ -162,7 +218,7 @@ def main(argv=None) -> None:
         print(line, flush=True)
         if out:
             print(line, file=out, flush=True)
-    result = run(args.rounds, args.code, args.seed, log, args.drains, args.adds, args.double)
+    result = run(args.rounds, args.code, args.seed, log, args.drains, args.adds, args.double, args.trace)
     sys.exit(0 if result["lost"] == 0 else 1)
 
 
