@@ -363,3 +363,53 @@ def test_a_traced_kill_loop_stops_at_a_row_read_wrong_and_tells_its_history(tmp_
     writes = [line for line in lines[row + 1:] if line.split()[3] == "apply"]
     assert len(writes) >= 2 and writes[-1].endswith("the reference after batch none")
     assert any(line.endswith("]") and "the reference after batch [" in line for line in writes[:-1])
+
+
+def test_a_client_whose_map_missed_a_replacement_counts_its_deltas_in_a_decode():
+    """rs(3,2), no spare: positions p and q die, and a second client reads the map then (both dead) and stays
+    idle. A spare takes q, rebuilds, takes a write of row y and sends its delta to one holder of y's stripe
+    only (the other's is held back). The idle client then reads row x, p's row of that stripe: decoded from the
+    third data node and both holders, which disagree on the new node's delta. Its map did not know that node,
+    so the cut did not count what the node had sent, and x came back wrong (the kill loop's rebuilder installed
+    such rows: `--double 1 --seed 44`, round 59). A holder that applied deltas of a node the client's map does
+    not know now makes the client read the map again and count that node."""
+    from ectable.client import Client
+    from ectable.cluster.maps import RemoteCluster
+    cluster, reference, (client, ref) = make("rs", spares=0)
+    with cluster, reference:
+        write((client, ref), np.random.default_rng(21))
+        client.flush()
+        layout = client._table("t")[1]
+        p, q = 0, 1
+        cluster.kill(p)
+        cluster.kill(q)
+        assert same(client, ref)  # both failed over: read through the parity
+        view = RemoteCluster(cluster.membership)
+        try:
+            idle = Client(view)
+            assert view.state(p) == view.state(q) == "dead"
+            cluster.add_spare()
+            deadline = time.monotonic() + 30
+            while "rebuilding" not in (cluster.state(p), cluster.state(q)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                cluster.refresh()
+            if cluster.state(p) == "rebuilding":
+                p, q = q, p  # the spare took p: the names follow it
+            stripes = layout.stripe(np.arange(3000))
+            ours = np.flatnonzero(layout.data_node(np.arange(3000)) == q)
+            both = ours[np.isin(stripes[ours], stripes[layout.data_node(np.arange(3000)) == p])]
+            y = int(both[0])
+            x = int(np.flatnonzero((stripes == stripes[y]) & (layout.data_node(np.arange(3000)) == p))[0])
+            held = int(layout.parity_node(stripes[[y]], 1)[0])
+            cluster.inject(q, "hold_deltas_to", held)
+            for c in (client, ref):
+                c.apply_gradient("t", np.array([y]), np.ones((1, 8), dtype=np.float32))
+            client.step()
+            deadline = time.monotonic() + 10  # its delta reached the stripe's other holder, not `held`
+            while client.status()["nodes"][q]["unacked_deltas"] != 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert client.status()["nodes"][q]["unacked_deltas"] == 1
+            assert view.state(q) == "dead"  # the idle client's map: from before the spare
+            np.testing.assert_array_equal(read_records(idle, "t", np.array([x])), read_records(ref, "t", np.array([x])))
+        finally:
+            view.close()

@@ -20,9 +20,10 @@ class Cut:
     """Slots of `stripes` ({table: stripes}, tables of one record size and layout shape), [n, k + r] per array,
     rows table after table; slots on node `skip` (the one being rebuilt) and those `unread` marks ([n, k + r]
     bool, None: none yet) are not read. Raises Unavailable if a stripe lacks k slots to read, with every
-    position's `states`."""
+    position's `states`; `known`: the node identities the map of those states names (at a position or fenced)."""
 
-    def __init__(self, stripes: dict, layouts: list, num_rows: list, record_bytes: int, skip, unread, states):
+    def __init__(self, stripes: dict, layouts: list, num_rows: list, record_bytes: int, skip, unread, states,
+                 known: frozenset = frozenset()):
         self.tables = list(stripes)
         counts = [s.size for s in stripes.values()]
         self.bounds = np.cumsum([0] + counts)
@@ -48,6 +49,7 @@ class Cut:
         # parity row (a holder lacking the row skips them, and folds in at restore only those of the cut).
         self._data = alive[:, :k] & (nodes[:, :k] != skip)  # every data node whose sends the cut holds
         self.markers = set(_distinct(nodes[:, :k][self._data & ~self.chosen[:, :k]]))
+        self.known = known
         self.mark = set(self.markers)  # markers to ask (again) next: no rows, what they had sent
         self.senders: dict = {}  # data node -> (source, sent, marks, peers, window) of its last reply
         self.holders: dict = {}  # parity holder -> (source, applied) of its last reply
@@ -98,6 +100,13 @@ class Cut:
         parity read (`lag`): set the slots to read again (`inconsistent`)."""
         self.read = inconsistent(self.nodes, self.chosen & ~self.virtual, lagging, ahead, self.k, self.versions)
         self.mark = self.markers & ahead
+
+    def stale(self) -> bool:
+        """Whether a parity holder read applied deltas of a node that the plan's map named nowhere: one that took a
+        position since, which that map showed dead. The cut counts what each live data node sent (those read and
+        the `markers`), so not that node's deltas, which some holders of a stripe may have applied and others not
+        yet: decoded from both, its rows would be wrong. The stripes are to be planned again on a newer map."""
+        return any(s not in self.known and s.startswith("node/") for _, applied in self.holders.values() for s in applied)
 
     def not_rebuilt(self, node: int, kind: str, missing: dict) -> None:
         """Rebuilding `node` lacks some slots ({table: ids}, if `kind` is "data", else stripes): mark them unread."""

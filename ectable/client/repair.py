@@ -61,11 +61,12 @@ class Repair:
             spec, layout = self.client._table(table)
             groups.setdefault((spec.width, layout.nodes, layout.k, layout.r), {})[table] = s
         states = self.client._states() if states is None else states
+        known = self.client.cluster.known()
         cuts = {}
         for group, tables in groups.items():
             specs = [self.client._table(table) for table in tables]
             cuts[group] = Cut(tables, [layout for _, layout in specs], [spec.num_rows for spec, _ in specs],
-                              group[0] * 4, skip, unread.get(group), states)
+                              group[0] * 4, skip, unread.get(group), states, known)
             unread[group] = cuts[group].unread
         return cuts
 
@@ -99,6 +100,9 @@ class Repair:
                 while any(cut.pending() for cut in cuts.values()):  # every slot, then what moved
                     self._read(cuts, sent)
                     reads, sent = reads + 1, None
+                    if any(cut.stale() for cut in cuts.values()):  # planned again on the map read now: `_states`
+                        self.client.cluster.refresh()  # fails over the position that node took; the cut counts it
+                        break
                     for cut in cuts.values():
                         cut.check(*self._lag(cut.senders, cut.holders))
                     if any(cut.pending() for cut in cuts.values()):
@@ -111,6 +115,10 @@ class Repair:
             except NotRebuilt as exc:  # every table's slots the node lacks
                 for cut in cuts.values():
                     self._not_rebuilt(exc.position, exc.kind, exc.missing, cut)
+                continue
+            if any(cut.pending() for cut in cuts.values()):
+                if clock.monotonic() > deadline:
+                    raise Error(f"tables {list(stripes)}: parity holders kept naming nodes the map does not know")
                 continue
             break
         out = {}

@@ -244,6 +244,15 @@ class StoredMap:
     def source(self, p: int) -> str | None:
         return None if self.state(p) == "dead" else self._map.sources[p]
 
+    def known(self) -> frozenset:
+        """The node identities the map read last names: at a position, or fenced."""
+        m = self._map
+        if self._known[0] is not m:
+            self._known = (m, frozenset(m.sources) | frozenset(m.fenced))
+        return self._known[1]
+
+    _known: tuple = (None, frozenset())  # (a map, the identities it names)
+
     def state(self, p: int) -> str:
         state, source = self._map.states[p], self._map.sources[p]
         if state == "dead":
