@@ -9,7 +9,7 @@ of its clients (the slots it read and the delta numbers it checked them with). `
 order; `history` picks out what touched given rows. Each event is a msgpack map, arrays as [dtype, shape, bytes]:
 no pickle. Not set, it costs nothing: nothing is wrapped.
 
-    ECTABLE_TRACE=/tmp/trace python -m ectable.testing.kill_loop --code rs --double 1 --trace /tmp/trace
+    python -m ectable.testing.kill_loop --code rs --double 1 --trace /tmp/trace  # sets ECTABLE_TRACE
 """
 from __future__ import annotations
 
