@@ -163,12 +163,15 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                 if trace:
                     refs.append(_records(reference))
             got: dict = {}
+
+            def explained(wrong: int, read: str) -> None:
+                if trace and wrong:
+                    log(f"round {n}: {' then '.join(notes)}, {moment} at batch {at + 1}/{len(batches)}; {read} of all "
+                        f"rows: {wrong} lost; the traces ({trace}) say:")
+                    _explain(trace, client, set(ref_cluster.store.read_map().sources), refs, got, log)
+                    raise AssertionError(f"round {n}: {wrong} rows read wrong")
             bad = _lost(client, reference, got)
-            if trace and bad:
-                log(f"round {n}: {' then '.join(notes)}, {moment} at batch {at + 1}/{len(batches)}; degraded read of "
-                    f"all rows: {bad} lost; the traces ({trace}) say:")
-                _explain(trace, client, set(ref_cluster.store.read_map().sources), refs, got, log)
-                raise AssertionError(f"round {n}: {bad} rows read wrong")
+            explained(bad, "degraded read")
             t0 = time.perf_counter()
             try:
                 client.wait_recovered(timeout=120)
@@ -176,7 +179,8 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                 log(f"round {n}: not recovered; {_state(cluster)}")
                 raise
             rebuilt = time.perf_counter() - t0
-            after = _lost(client, reference)
+            after = _lost(client, reference, got)
+            explained(after, "read after the rebuild")
             client.flush()
             try:
                 check_parity(cluster, client)
