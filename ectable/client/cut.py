@@ -23,7 +23,7 @@ class Cut:
     position's `states`; `known`: the node identities the map of those states names (at a position or fenced)."""
 
     def __init__(self, stripes: dict, layouts: list, num_rows: list, record_bytes: int, skip, unread, states,
-                 known: frozenset = frozenset()):
+                 known: frozenset):
         self.tables = list(stripes)
         counts = [s.size for s in stripes.values()]
         self.bounds = np.cumsum([0] + counts)
@@ -106,7 +106,7 @@ class Cut:
         position since, which that map showed dead. The cut counts what each live data node sent (those read and
         the `markers`), so not that node's deltas, which some holders of a stripe may have applied and others not
         yet: decoded from both, its rows would be wrong. The stripes are to be planned again on a newer map."""
-        return any(s not in self.known and s.startswith("node/") for _, applied in self.holders.values() for s in applied)
+        return any(s.startswith("node/") for _, applied in self.holders.values() for s in applied.keys() - self.known)
 
     def not_rebuilt(self, node: int, kind: str, missing: dict) -> None:
         """Rebuilding `node` lacks some slots ({table: ids}, if `kind` is "data", else stripes): mark them unread."""
