@@ -413,3 +413,60 @@ def test_a_client_whose_map_missed_a_replacement_counts_its_deltas_in_a_decode()
             np.testing.assert_array_equal(read_records(idle, "t", np.array([x])), read_records(ref, "t", np.array([x])))
         finally:
             view.close()
+
+
+def test_a_client_that_meets_a_death_before_its_reconcile_waits_for_it_to_decode():
+    """rs(3,2), no spare: q died and was failed over. p applies a write and sends its window's delta to one
+    holder of that row's stripe only, then is SIGKILLed and declared dead while the deciders are stopped, so
+    it is not reconciled yet. A client that connects then reads a row of p's in a stripe with q's slot lost
+    too: decoded from the third data node and both holders, which disagree on p's last delta. The client
+    never knew p, so it had no failover to wait in, and it decoded garbage (neither the row before the write
+    nor after). A decode through a position the map lists as failing now waits (bounded) for its reconcile."""
+    from ectable.client import Client
+    from ectable.cluster import plans
+    from ectable.cluster.maps import RemoteCluster
+    cluster, reference, (client, ref) = make("rs", spares=0)
+    deciders = [cluster._procs[name] for name in cluster._deciders]
+    with cluster, reference:
+        write((client, ref), np.random.default_rng(22))
+        client.flush()
+        layout = client._table("t")[1]
+        rows, p, q = np.arange(3000), 0, 1
+        cluster.kill(q)
+        assert same(client, ref)  # q failed over and reconciled: read through the parity
+        stripes, owner = layout.stripe(rows), layout.data_node(rows)
+        x = int(rows[(owner == p) & np.isin(stripes, stripes[owner == q])][0])
+        lost = rows[(stripes == stripes[x]) & (owner == q)]  # decoded with x
+        before = read_records(ref, "t", np.array([x]))
+        cluster.inject(p, "hold_deltas_to", int(layout.parity_node(stripes[[x]], 1)[0]))
+        for c in (client, ref):
+            c.apply_gradient("t", np.array([x]), np.ones((1, 8), dtype=np.float32))
+        client.step()
+        deadline = time.monotonic() + 10  # its delta reached the stripe's other holder only
+        while client.status()["nodes"][p]["unacked_deltas"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.status()["nodes"][p]["unacked_deltas"] == 1
+        after = read_records(ref, "t", np.array([x]))
+        view, resume = None, threading.Timer(1.0, lambda: [os.kill(proc.pid, signal.SIGCONT) for proc in deciders])
+        for proc in deciders:
+            os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            cluster.kill(p)
+            m = cluster.store.read_map()
+            assert cluster.store.swap_map(m, plans.declare_dead(m, [p])) is not None  # as the decider's first step
+            view = RemoteCluster(cluster.membership)
+            idle = Client(view)
+            assert view.state(p) == "dead" and view.failing() == ((p, m.sources[p]),)
+            resume.start()  # while the read waits
+            got = read_records(idle, "t", np.array([x]))
+            assert np.array_equal(got, before) or np.array_equal(got, after), (got, before, after)
+            np.testing.assert_array_equal(read_records(idle, "t", lost), read_records(ref, "t", lost))
+        finally:
+            resume.cancel()
+            if resume.ident is not None:
+                resume.join()
+            for proc in deciders:
+                os.kill(proc.pid, signal.SIGCONT)
+            if view is not None:
+                view.close()
+        assert same(client, ref)  # the writer replays its write through the parity

@@ -46,10 +46,21 @@ class Repair:
         self._next_seq: dict[int, int] = {}
         self.patience: int | None = None  # reads of one cut before `Unsettled` (None: until its 30 s deadline)
         self.rereads = 0  # reads beyond the first of every cut so far
+        self._waited: set = set()  # failures (position, identity) whose reconcile a decode waited for already
 
     def forget(self, position: int) -> None:
         """A new node took `position`: its delta sequence starts again."""
         self._next_seq.pop(position, None)
+
+    def _settle(self) -> None:
+        """Wait (bounded, once per failure) until the decider reconciled every dead position the map lists as
+        failing: until then a dead node's last window may be in one parity holder of a stripe and not in
+        another, and a decode through both would mix them. A client that knew the node waits in its failover;
+        this is for one that first meets the death in the map (connected since, or its map skipped a node)."""
+        for failure in self.client.cluster.failing():
+            if failure not in self._waited:
+                self._waited.add(failure)
+                self.client.cluster.wait_reconciled(failure[0])
 
     # -- reading whole stripes -------------------------------------------
     def _cuts(self, stripes: dict, skip, unread: dict, states=None) -> dict:
@@ -95,6 +106,7 @@ class Repair:
             if begun:
                 cuts, sent, begun = begun.cuts, begun.sent, None
             else:
+                self._settle()
                 cuts, sent = self._cuts(stripes, skip, unread), None
             try:
                 while any(cut.pending() for cut in cuts.values()):  # every slot, then what moved
@@ -137,6 +149,7 @@ class Repair:
     def _begin(self, ids: dict, skip: int | None) -> Begun:
         """`read_many(ids, skip)`'s first reads, sent (`ids` ascending and unique)."""
         plan = self._plan(ids)
+        self._settle()
         unread: dict = {}
         cuts = self._cuts({table: stripes for table, (stripes, _) in plan.items()}, skip, unread)
         return Begun(ids, plan, unread, cuts, self._send(cuts))

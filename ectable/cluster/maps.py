@@ -129,6 +129,11 @@ class ClusterMap:
         (`Map.applied_before_grow`; None: not recorded)."""
         return None
 
+    def failing(self) -> tuple:
+        """((position, identity), ...): dead positions whose stripes' parity holders may not agree yet (the decider
+        has not reconciled them), as the map read last says."""
+        return ()
+
     def wait_reconciled(self, p: int) -> None:
         """Return once the parity holders of dead position p's stripes agree (clients replay after)."""
 
@@ -252,6 +257,9 @@ class StoredMap:
         return self._known[1]
 
     _known: tuple = (None, frozenset())  # (a map, the identities it names)
+
+    def failing(self) -> tuple:
+        return tuple(tuple(f) for f in self._map.failing)
 
     def state(self, p: int) -> str:
         state, source = self._map.states[p], self._map.sources[p]
