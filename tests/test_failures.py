@@ -470,3 +470,56 @@ def test_a_client_that_meets_a_death_before_its_reconcile_waits_for_it_to_decode
             if view is not None:
                 view.close()
         assert same(client, ref)  # the writer replays its write through the parity
+
+
+def test_a_decode_for_a_rebuild_counts_the_deltas_of_the_rebuilding_node():
+    """rs(3,2): q died with no spare; p died and a spare S rebuilds it slowly. One client rebuilds row y of S
+    on demand (S lacked it), writes it, and S sends that write's delta to one holder of y's stripe only. A
+    second client, told earlier that S lacked y, decodes y for its own rebuild (`read_many` skipping S): from
+    the third data node and both holders, as q's slot is lost too, which disagree on S's delta. The cut
+    counted what every data node had sent but S, so the decode was garbage (neither y before the write nor
+    after). S is now a marker of such a cut: holders that lag behind what S sent are read again."""
+    cluster = ectable.LocalCluster(nodes=5, code="rs", k=3, r=2, spares=0, rebuild_batch=8, rebuild_share=0.01)
+    reference = ectable.LocalCluster(nodes=1, code="none", k=1, r=0, processes=False)
+    with cluster, reference:
+        writer, ref, other = cluster.connect(), reference.connect(), cluster.connect()
+        for c in (writer, ref):
+            c.create_table("t", num_rows=3000, dim=8, optimizer="adagrad", lr=0.1, init="normal", seed=3)
+        write((writer, ref), np.random.default_rng(23))
+        writer.flush()
+        layout = writer._table("t")[1]
+        rows, p, q = np.arange(3000), 0, 1
+        for dead in (q, p):
+            cluster.kill(dead)
+            assert same(writer, ref)  # failed over: read through the parity
+        cluster.add_spare()
+        deadline = time.monotonic() + 30
+        while "rebuilding" not in (cluster.state(p), cluster.state(q)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            cluster.refresh()
+        if cluster.state(q) == "rebuilding":
+            p, q = q, p  # the spare took q: the names follow it
+        stripes, owner = layout.stripe(rows), layout.data_node(rows)
+        y = int(rows[(owner == p) & np.isin(stripes, stripes[owner == q])][-1])  # the last the rebuild reaches
+        other.get("t", rows[(owner == p) & (stripes != stripes[y])][:1])  # it meets S
+        before = read_records(ref, "t", np.array([y]))
+        held = int(layout.parity_node(stripes[[y]], 1)[0])
+        cluster.inject(p, "hold_deltas_to", held)
+        for c in (writer, ref):
+            c.get("t", np.array([y]))  # S lacks y: rebuilt on demand
+            c.apply_gradient("t", np.array([y]), np.ones((1, 8), dtype=np.float32))
+        writer.step()
+        deadline = time.monotonic() + 10  # its delta reached the stripe's other holder only
+        while writer.status()["nodes"][p]["unacked_deltas"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert writer.status()["nodes"][p]["unacked_deltas"] == 1
+        after = read_records(ref, "t", np.array([y]))
+        release = threading.Timer(1.0, cluster.inject, (p, "hold_deltas_to", -1))  # sent at the next resend
+        release.start()
+        try:
+            got = other.repair.read_many({"t": np.array([y])}, skip=p)["t"]
+        finally:
+            release.join()
+        assert np.array_equal(got, before) or np.array_equal(got, after), (got, before, after)
+        writer.flush()
+        assert same(writer, ref)

@@ -46,9 +46,10 @@ class Cut:
         self.read = self.chosen & ~virtual  # slots to read (again) next
         # Live data nodes whose slots are decoded, not read (they are rebuilding them): what they had sent each
         # holder is part of the cut all the same, or deltas they send meanwhile would be missed by a rebuilt
-        # parity row (a holder lacking the row skips them, and folds in at restore only those of the cut).
-        self._data = alive[:, :k] & (nodes[:, :k] != skip)  # every data node whose sends the cut holds
-        self.markers = set(_distinct(nodes[:, :k][self._data & ~self.chosen[:, :k]]))
+        # parity row (a holder lacking the row skips them, and folds in at restore only those of the cut). So is
+        # the node rebuilt (`skip`): rows it lacked when it said so may be rebuilt and written since, by others.
+        self._data = alive[:, :k] & (nodes[:, :k] != skip)  # every data node whose sends a restore is told of
+        self.markers = set(_distinct(nodes[:, :k][alive[:, :k] & ~self.chosen[:, :k]]))
         self.known = known
         self.mark = set(self.markers)  # markers to ask (again) next: no rows, what they had sent
         self.senders: dict = {}  # data node -> (source, sent, marks, peers, window) of its last reply

@@ -80,6 +80,9 @@ class NodeServer(NodeHost):
                 return messages.error(ErrorCode.INVALID, "fault is only taken from the cluster that started this node"), []
             if msg.name not in FAULTS:
                 return messages.error(ErrorCode.INVALID, f"faults are {sorted(FAULTS)}"), []
+            if msg.name == "hold_deltas_to":  # held deltas (of a hold moved or lifted) go at the next resend pass
+                held = self.faults.get(msg.name)
+                self.inflight.update({key: (frames, 0.0) for key, (frames, _) in self.inflight.items() if key[0] == held})
             self.faults[msg.name] = msg.value
             return {}, []
         return super().control(msg, arrays)
@@ -243,7 +246,7 @@ class NodeServer(NodeHost):
             if "reorder_deltas" in self.faults and header["seq"] % 2:  # odd ones overtaken by the next
                 hold = self.faults["reorder_deltas"]
             if target == self.faults.get("hold_deltas_to"):
-                hold = 1e9  # never sent: as if lost in the network until this node dies
+                hold = 1e9  # not sent while held (as if lost in the network): the hold moving sends it
             if hold:
                 self.fault_hits += 1
                 self.inflight[key] = (self.inflight[key][0], now + hold - RESEND)  # the resend pass sends it then
