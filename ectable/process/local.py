@@ -402,8 +402,8 @@ class ProcessCluster(SeesExits, ZmqStoredMap, LocalCluster):
     def inject(self, i: int, fault: str, value: float = 1.0) -> None:
         """Arm a fault in active node i: die_before_deltas, die_after_write (SIGKILL at that point),
         duplicate_deltas, reorder_deltas, delay_deltas (value: seconds), hold_deltas_to (value: a
-        position whose deltas are not sent until the hold moves: -1 lifts it). A node armed to die may die at once, before its answer leaves
-        it: then this returns as soon as its process is gone."""
+        position whose deltas are not sent until the hold moves; -1 lifts it). A node armed to die may
+        die at once, before its answer leaves it: then this returns as soon as its process is gone."""
         endpoint = self._map.endpoints[i]
         try:
             self._control(endpoint, Fault(token=self._token, name=fault, value=value).header(),

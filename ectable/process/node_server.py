@@ -82,7 +82,8 @@ class NodeServer(NodeHost):
                 return messages.error(ErrorCode.INVALID, f"faults are {sorted(FAULTS)}"), []
             if msg.name == "hold_deltas_to":  # held deltas (of a hold moved or lifted) go at the next resend pass
                 held = self.faults.get(msg.name)
-                self.inflight.update({key: (frames, 0.0) for key, (frames, _) in self.inflight.items() if key[0] == held})
+                self.inflight.update({key: (frames, 0.0) for key, (frames, _) in self.inflight.items()
+                                      if key[0] == held})
             self.faults[msg.name] = msg.value
             return {}, []
         return super().control(msg, arrays)
