@@ -47,6 +47,17 @@ def write(clients, rng, rounds=3, step=True):
                 c.step()
 
 
+def test_kill_loop_with_writers_at_once_loses_nothing():
+    """Three clients, each through a cluster map of its own, write rows of the same stripes at once; every round
+    kills a second node while the first one's spare rebuilds."""
+    lines = []
+    result = kill_loop(rounds=3, code="rs", seed=5, log=lines.append, double=1.0, writers=3)
+    rounds = [line for line in lines if line.startswith("round ")]
+    assert len(rounds) == 3 and all(line.count("SIGKILLed node ") == 2 for line in rounds), rounds
+    assert all(": 0 lost;" in line and "read again: 0 lost" in line for line in rounds), rounds
+    assert result == {"rounds": 3, "kills": 6, "drains": 0, "adds": 0, "lost": 0}
+
+
 @pytest.mark.parametrize("code", ["xor", "rs"])
 def test_kill_loop_loses_nothing(code):
     """Five rounds, some of which drain their first node instead of killing it, some of which add a node first

@@ -10,7 +10,11 @@ a spare, no kill) instead of killing it. With `--adds SHARE` that share of the r
 (`LocalCluster.add_node`: the cluster laid out again over one more position, mid-window), then kills
 (or drains) a node of the new layout, up to four nodes more than it began with. With `--trace DIR` every
 process logs its changes to rows (`process/trace.py`) and the loop stops at the first round that reads a row
-wrong, telling what touched each wrong row, and when, against the reference's value after each batch.
+wrong, telling what touched each wrong row, and when, against the reference's value after each batch. With
+`--writers N` the rows are written by N clients, each through a cluster map of its own (as trainers on other
+machines would be), at once: writer w takes the rows whose id is w modulo N, so that they share every stripe and no
+row, and the reference (which applies every batch whole) is the same whatever their order. Every writer flushes
+before a round reads (a writer's last writes to a dead node are replayed when it fails that node over).
 
     python -m ectable.testing.kill_loop --rounds 50 --code rs --drains 0.3 --adds 0.1 --log kill_loop.log
 """
@@ -19,10 +23,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
+from contextlib import ExitStack
 
 import numpy as np
 
+from ..client import Client
+from ..cluster.maps import RemoteCluster
 from ..process import trace as tracing
 from ..process.local import LocalCluster
 from .checks import check_parity, read_records
@@ -51,6 +59,34 @@ def _apply(client, batch) -> None:
     for name, (kind, ids, values) in batch.items():
         if kind == "put":
             client.put(name, ids, values)
+
+
+def _part(batch, w: int, writers: int) -> dict:
+    """Writer w's part of `batch`: the rows whose id is w modulo `writers`, in their order."""
+    out = {}
+    for name, (kind, ids, values) in batch.items():
+        mine = ids % writers == w
+        out[name] = (kind, ids[mine], values[mine])
+    return out
+
+
+def _each(clients: list, act) -> None:
+    """act(client, w) for every writer at once (the first in this thread); the first error is raised."""
+    errors: list = []
+
+    def call(c, w):
+        try:
+            act(c, w)
+        except BaseException as exc:  # raised in the loop's thread below
+            errors.append(exc)
+    threads = [threading.Thread(target=call, args=(c, w), daemon=True) for w, c in enumerate(clients) if w]
+    for t in threads:
+        t.start()
+    call(clients[0], 0)
+    for t in threads:
+        t.join(300)
+    if errors or any(t.is_alive() for t in threads):
+        raise errors[0] if errors else TimeoutError("a writer did not finish its part within 300 s")
 
 
 def _records(client) -> dict:
@@ -102,11 +138,12 @@ def _state(cluster) -> str:
 
 
 def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float = 0.0, adds: float = 0.0,
-        double: float = 0.5, trace: str | None = None) -> dict:
+        double: float = 0.5, trace: str | None = None, writers: int = 1) -> dict:
     """Run the loop; returns {"rounds", "kills", "drains", "adds", "lost"} (lost: rows that differed, summed over
     checks). `drains`: the share of rounds whose first node is drained, not killed; `adds`: of rounds that add a
     node first; `double`: of rounds that kill a second node (with r >= 2); `trace`: a directory for the processes'
-    traces (AssertionError at the first round that reads a row wrong, after telling its history)."""
+    traces (AssertionError at the first round that reads a row wrong, after telling its history); `writers`: clients
+    that write at once, each its own rows."""
     if trace:
         os.makedirs(trace, exist_ok=True)
         os.environ[tracing.ENV] = trace  # the node processes inherit it
@@ -118,11 +155,15 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
     kills = drained = added = lost = 0
     started = time.perf_counter()
     with LocalCluster(nodes=k + r + 1, code=code, k=k, r=r, spares=r, window_rows=4096) as cluster, \
-            LocalCluster(nodes=1, code="none", k=1, r=0, processes=False) as ref_cluster:
+            LocalCluster(nodes=1, code="none", k=1, r=0, processes=False) as ref_cluster, ExitStack() as opened:
         client, reference = cluster.connect(), ref_cluster.connect()
         for name, (rows, dim, optimizer) in TABLES.items():
             for c in (client, reference):
                 c.create_table(name, num_rows=rows, dim=dim, optimizer=optimizer, lr=0.05, init="uniform", seed=1)
+        others = [opened.enter_context(Client(RemoteCluster(cluster.membership))) for _ in range(writers - 1)]
+        for c in others:
+            c.owns_cluster = True  # closing it closes its map
+        clients = [client] + others
         for n in range(1, rounds + 1):
             moment = MOMENTS[rng.integers(len(MOMENTS))]
             second = r >= 2 and rng.random() < double  # a second node dies during the first one's rebuild
@@ -156,10 +197,13 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                     else:
                         cluster.kill(victim)
                         kills += 1
-                for c in (client, reference):
-                    _apply(c, batch)
-                if i != at or moment != "mid-window":
-                    client.step()
+                _apply(reference, batch)
+
+                def write(c, w, batch=batch, step=i != at or moment != "mid-window"):
+                    _apply(c, _part(batch, w, writers) if writers > 1 else batch)
+                    if step:
+                        c.step()
+                _each(clients, write)
                 if trace:
                     refs.append(_records(reference))
             got: dict = {}
@@ -170,6 +214,8 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                         f"rows: {wrong} lost; the traces ({trace}) say:")
                     _explain(trace, client, set(ref_cluster.store.read_map().sources), refs, got, log)
                     raise AssertionError(f"round {n}: {wrong} rows read wrong")
+            for c in others:  # each fails the dead nodes over: its writes they lost are replayed
+                c.flush()
             bad = _lost(client, reference, got)
             explained(bad, "degraded read")
             t0 = time.perf_counter()
@@ -181,7 +227,8 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
             rebuilt = time.perf_counter() - t0
             after = _lost(client, reference, got)
             explained(after, "read after the rebuild")
-            client.flush()
+            for c in clients:
+                c.flush()
             try:
                 check_parity(cluster, client)
             except AssertionError:  # what the round did, and where the cluster stands, before the error
@@ -195,7 +242,8 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                 f"degraded read of all rows: {bad} lost; rebuilt {rebuilt:.2f} s later, parity exact; "
                 f"read again: {after} lost")
         client.wait_recovered(timeout=120)
-        client.flush()
+        for c in clients:
+            c.flush()
         check_parity(cluster, client)
         lost += _lost(client, reference)
     log(f"kill loop ({code}): {rounds} rounds, {kills} kills (SIGKILL), {drained} drains, {added} adds, {lost} lost, "
@@ -212,6 +260,7 @@ def main(argv=None) -> None:
     parser.add_argument("--adds", type=float, default=0.0, help="share of rounds that add a node first")
     parser.add_argument("--double", type=float, default=0.5,
                         help="share of rounds that kill a second node while the first one's spare rebuilds (r >= 2)")
+    parser.add_argument("--writers", type=int, default=1, help="clients writing at once, each its own rows")
     parser.add_argument("--log", help="also append the log to this file")
     parser.add_argument("--trace", help="a directory for every process's trace of its changes to rows; stop at the "
                         "first round that reads a row wrong and tell its history")
@@ -222,7 +271,7 @@ def main(argv=None) -> None:
         print(line, flush=True)
         if out:
             print(line, file=out, flush=True)
-    result = run(args.rounds, args.code, args.seed, log, args.drains, args.adds, args.double, args.trace)
+    result = run(args.rounds, args.code, args.seed, log, args.drains, args.adds, args.double, args.trace, args.writers)
     sys.exit(0 if result["lost"] == 0 else 1)
 
 
