@@ -37,6 +37,34 @@ def recovered_and_exact(cluster, client, ref):
     assert same(client, ref)
 
 
+def add_spare_to(cluster, *dead) -> int:
+    """Add a spare; the position of `dead` it rebuilds, once it does."""
+    cluster.add_spare()
+    deadline = time.monotonic() + 30
+    while not any(cluster.state(p) == "rebuilding" for p in dead) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        cluster.refresh()
+    return next(p for p in dead if cluster.state(p) == "rebuilding")
+
+
+def write_held(cluster, clients, node: int, row: int) -> tuple:
+    """Add ones to `row` of node `node` through `clients` (the cluster's first, then the reference), its delta
+    held back from the second parity holder of its stripe (`hold_deltas_to`) and acknowledged by the first:
+    (the reference's record before, after)."""
+    client, ref = clients
+    layout = client._table("t")[1]
+    before = read_records(ref, "t", np.array([row]))
+    cluster.inject(node, "hold_deltas_to", int(layout.parity_node(layout.stripe(np.array([row])), 1)[0]))
+    for c in clients:
+        c.apply_gradient("t", np.array([row]), np.ones((1, 8), dtype=np.float32))
+    client.step()
+    deadline = time.monotonic() + 10
+    while client.status()["nodes"][node]["unacked_deltas"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.status()["nodes"][node]["unacked_deltas"] == 1
+    return before, read_records(ref, "t", np.array([row]))
+
+
 def write(clients, rng, rounds=3, step=True):
     for _ in range(rounds):
         ids = rng.integers(0, 3000, 500)
@@ -399,27 +427,14 @@ def test_a_client_whose_map_missed_a_replacement_counts_its_deltas_in_a_decode()
         try:
             idle = Client(view)
             assert view.state(p) == view.state(q) == "dead"
-            cluster.add_spare()
-            deadline = time.monotonic() + 30
-            while "rebuilding" not in (cluster.state(p), cluster.state(q)) and time.monotonic() < deadline:
-                time.sleep(0.05)
-                cluster.refresh()
-            if cluster.state(p) == "rebuilding":
-                p, q = q, p  # the spare took p: the names follow it
+            q = add_spare_to(cluster, p, q)  # the names follow the spare
+            p = 1 - q
             stripes = layout.stripe(np.arange(3000))
             ours = np.flatnonzero(layout.data_node(np.arange(3000)) == q)
             both = ours[np.isin(stripes[ours], stripes[layout.data_node(np.arange(3000)) == p])]
             y = int(both[0])
             x = int(np.flatnonzero((stripes == stripes[y]) & (layout.data_node(np.arange(3000)) == p))[0])
-            held = int(layout.parity_node(stripes[[y]], 1)[0])
-            cluster.inject(q, "hold_deltas_to", held)
-            for c in (client, ref):
-                c.apply_gradient("t", np.array([y]), np.ones((1, 8), dtype=np.float32))
-            client.step()
-            deadline = time.monotonic() + 10  # its delta reached the stripe's other holder, not `held`
-            while client.status()["nodes"][q]["unacked_deltas"] != 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert client.status()["nodes"][q]["unacked_deltas"] == 1
+            write_held(cluster, (client, ref), q, y)
             assert view.state(q) == "dead"  # the idle client's map: from before the spare
             np.testing.assert_array_equal(read_records(idle, "t", np.array([x])), read_records(ref, "t", np.array([x])))
         finally:
@@ -448,16 +463,7 @@ def test_a_client_that_meets_a_death_before_its_reconcile_waits_for_it_to_decode
         stripes, owner = layout.stripe(rows), layout.data_node(rows)
         x = int(rows[(owner == p) & np.isin(stripes, stripes[owner == q])][0])
         lost = rows[(stripes == stripes[x]) & (owner == q)]  # decoded with x
-        before = read_records(ref, "t", np.array([x]))
-        cluster.inject(p, "hold_deltas_to", int(layout.parity_node(stripes[[x]], 1)[0]))
-        for c in (client, ref):
-            c.apply_gradient("t", np.array([x]), np.ones((1, 8), dtype=np.float32))
-        client.step()
-        deadline = time.monotonic() + 10  # its delta reached the stripe's other holder only
-        while client.status()["nodes"][p]["unacked_deltas"] != 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert client.status()["nodes"][p]["unacked_deltas"] == 1
-        after = read_records(ref, "t", np.array([x]))
+        before, after = write_held(cluster, (client, ref), p, x)
         view, resume = None, threading.Timer(1.0, lambda: [os.kill(proc.pid, signal.SIGCONT) for proc in deciders])
         for proc in deciders:
             os.kill(proc.pid, signal.SIGSTOP)
@@ -503,28 +509,14 @@ def test_a_decode_for_a_rebuild_counts_the_deltas_of_the_rebuilding_node():
         for dead in (q, p):
             cluster.kill(dead)
             assert same(writer, ref)  # failed over: read through the parity
-        cluster.add_spare()
-        deadline = time.monotonic() + 30
-        while "rebuilding" not in (cluster.state(p), cluster.state(q)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-            cluster.refresh()
-        if cluster.state(q) == "rebuilding":
-            p, q = q, p  # the spare took q: the names follow it
+        p = add_spare_to(cluster, p, q)  # the names follow the spare
+        q = 1 - p
         stripes, owner = layout.stripe(rows), layout.data_node(rows)
         y = int(rows[(owner == p) & np.isin(stripes, stripes[owner == q])][-1])  # the last the rebuild reaches
         other.get("t", rows[(owner == p) & (stripes != stripes[y])][:1])  # it meets S
-        before = read_records(ref, "t", np.array([y]))
-        held = int(layout.parity_node(stripes[[y]], 1)[0])
-        cluster.inject(p, "hold_deltas_to", held)
         for c in (writer, ref):
             c.get("t", np.array([y]))  # S lacks y: rebuilt on demand
-            c.apply_gradient("t", np.array([y]), np.ones((1, 8), dtype=np.float32))
-        writer.step()
-        deadline = time.monotonic() + 10  # its delta reached the stripe's other holder only
-        while writer.status()["nodes"][p]["unacked_deltas"] != 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert writer.status()["nodes"][p]["unacked_deltas"] == 1
-        after = read_records(ref, "t", np.array([y]))
+        before, after = write_held(cluster, (writer, ref), p, y)
         release = threading.Timer(1.0, cluster.inject, (p, "hold_deltas_to", -1))  # sent at the next resend
         release.start()
         try:
