@@ -63,6 +63,8 @@ def _apply(client, batch) -> None:
 
 def _part(batch, w: int, writers: int) -> dict:
     """Writer w's part of `batch`: the rows whose id is w modulo `writers`, in their order."""
+    if writers == 1:
+        return batch
     out = {}
     for name, (kind, ids, values) in batch.items():
         mine = ids % writers == w
@@ -200,7 +202,7 @@ def run(rounds: int, code: str = "xor", seed: int = 0, log=print, drains: float 
                 _apply(reference, batch)
 
                 def write(c, w, batch=batch, step=i != at or moment != "mid-window"):
-                    _apply(c, _part(batch, w, writers) if writers > 1 else batch)
+                    _apply(c, _part(batch, w, writers))
                     if step:
                         c.step()
                 _each(clients, write)
