@@ -259,7 +259,7 @@ class StoredMap:
     _known: tuple = (None, frozenset())  # (a map, the identities it names)
 
     def failing(self) -> tuple:
-        return tuple(tuple(f) for f in self._map.failing)
+        return self._map.failing
 
     def state(self, p: int) -> str:
         state, source = self._map.states[p], self._map.sources[p]

@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import numpy as np
@@ -73,22 +73,10 @@ def _part(batch, w: int, writers: int) -> dict:
 
 
 def _each(clients: list, act) -> None:
-    """act(client, w) for every writer at once (the first in this thread); the first error is raised."""
-    errors: list = []
-
-    def call(c, w):
-        try:
-            act(c, w)
-        except BaseException as exc:  # raised in the loop's thread below
-            errors.append(exc)
-    threads = [threading.Thread(target=call, args=(c, w), daemon=True) for w, c in enumerate(clients) if w]
-    for t in threads:
-        t.start()
-    call(clients[0], 0)
-    for t in threads:
-        t.join(300)
-    if errors or any(t.is_alive() for t in threads):
-        raise errors[0] if errors else TimeoutError("a writer did not finish its part within 300 s")
+    """act(client, w) for every writer at once; the first error is raised."""
+    with ThreadPoolExecutor(len(clients)) as pool:
+        for done in [pool.submit(act, c, w) for w, c in enumerate(clients)]:
+            done.result(timeout=300)  # (a client call gives up on its own deadline first)
 
 
 def _records(client) -> dict:
