@@ -73,9 +73,12 @@ def _part(batch, w: int, writers: int) -> dict:
 
 
 def _each(clients: list, act) -> None:
-    """act(client, w) for every writer at once; the first error is raised."""
-    with ThreadPoolExecutor(len(clients)) as pool:
-        for done in [pool.submit(act, c, w) for w, c in enumerate(clients)]:
+    """act(client, w) for every writer at once, the first in this thread (the one that reads); the first error is
+    raised."""
+    with ThreadPoolExecutor(max(1, len(clients) - 1)) as pool:
+        others = [pool.submit(act, c, w) for w, c in enumerate(clients) if w]
+        act(clients[0], 0)
+        for done in others:
             done.result(timeout=300)  # (a client call gives up on its own deadline first)
 
 
