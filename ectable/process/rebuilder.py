@@ -5,14 +5,16 @@ cluster (through the map in the cluster's store): each round it asks its node wh
 rows are missing (up to `rebuild_batch`), decodes them from a consistent cut of their
 stripes, and installs them; then it rests so the node spends at most `rebuild_share` of
 its time rebuilding. `rebuild_streams` rounds run at once, each on its own part of the rows, so that one
-decodes while another waits for the survivors. Rows clients touch first are rebuilt on demand by
-those clients. `RebuildRounds` is the rebuilding itself, one round at a time, over any cluster map
+decodes while another waits for the survivors. While clients read or write the node (`busy`), and in its
+first round, a round reads at most `BUSY_BATCH` rows: a large read under training is read again as windows
+close during it, then rests in proportion. Rows clients touch first are rebuilt on demand by those clients. `RebuildRounds` is the rebuilding itself, one round at a time, over any cluster map
 (the simulation runs it too); `Rebuilder` runs a node process's streams of rounds.
 """
 from __future__ import annotations
 
 import sys
 import threading
+from typing import Callable
 
 from .. import clock
 from ..client import Client
@@ -22,19 +24,25 @@ from ..errors import Error, Unavailable
 
 MIN_BATCH = 1024  # fewest rows a round reads; it then waits for its stripes to settle however long they move
 PATIENCE = 3  # reads of one round's stripes before it gives up and the next round reads half as many
+BUSY_BATCH = 4096  # most rows a round reads while clients read or write the rebuilding node
+BUSY_SECONDS = 1.0  # a node clients read or wrote within this long is busy with them
+CLIENT_OPS = frozenset({"get_many", "write"})  # the requests with which clients read and write rows
 
 
 class RebuildRounds:
-    """Rounds of rebuilding the node at `position` (identity `source`) through `cluster`'s clients."""
+    """Rounds of rebuilding the node at `position` (identity `source`) through `cluster`'s clients; `busy`: whether
+    clients read or write that node now (a getter, no I/O; None: never)."""
 
-    def __init__(self, cluster, position: int, source: str, part: int = 0, parts: int = 1):
-        self.cluster, self.position, self.source = cluster, position, source
+    def __init__(self, cluster, position: int, source: str, part: int = 0, parts: int = 1,
+                 busy: Callable[[], bool] | None = None):
+        self.cluster, self.position, self.source, self.busy = cluster, position, source, busy
         self.part = (part, parts)  # the part of the missing rows this one rebuilds first (`Missing`)
         self.client = Client(cluster)
         self.started = False  # the map names this identity at the position: rebuilding has begun
-        # Rows a round asks for: halved after a round whose stripes writes moved on through PATIENCE reads (a
-        # smaller read is sooner done, so fewer windows close while it runs), doubled after one read once.
-        self.batch = cluster.config.rebuild_batch
+        # Rows a round asks for (at most BUSY_BATCH while `busy`): halved after a round whose stripes writes moved
+        # on through PATIENCE reads (a smaller read is sooner done, so fewer windows close while it runs), back to
+        # `rebuild_batch` after one read once. The first round is small: clients may not have reached the node yet.
+        self.batch = min(cluster.config.rebuild_batch, BUSY_BATCH)
 
     def round(self) -> float | None:
         """Rebuild one batch; seconds to rest before the next round, or None when there is nothing left
@@ -49,17 +57,18 @@ class RebuildRounds:
         if cluster.source(self.position) != self.source:
             return None
         began, rereads = clock.monotonic(), self.client.repair.rereads
-        self.client.repair.patience = PATIENCE if self.batch > MIN_BATCH else None
+        batch = min(self.batch, BUSY_BATCH) if self.busy is not None and self.busy() else self.batch
+        self.client.repair.patience = PATIENCE if batch > MIN_BATCH else None
         try:
-            if not self.client._rebuild_some(self.position, self.batch, self.part):
+            if not self.client._rebuild_some(self.position, batch, self.part):
                 return None
         except _Relaid:  # laid out again (a grow, once this node was up): no position holds this identity now
             return None
         except Unsettled:
-            self.batch = max(MIN_BATCH, self.batch // 2)
+            self.batch = max(MIN_BATCH, batch // 2)
         else:
             if self.client.repair.rereads == rereads:
-                self.batch = min(cluster.config.rebuild_batch, 2 * self.batch)
+                self.batch = cluster.config.rebuild_batch
         # Each of `parts` rounds running at once rests so that, as if independent, some round runs `rebuild_share`
         # of the time: 1 - (1 - duty) ** parts = share.
         share = min(max(cluster.config.rebuild_share, 0.01), 1.0)
@@ -71,9 +80,10 @@ class Rebuilder(threading.Thread):
     """Rebuild the node at `position` (identity `source`) until nothing is missing or `stop()`: `rebuild_streams`
     streams of rounds, each in a thread with its own connections; this thread ends when all have."""
 
-    def __init__(self, membership: dict, curve: dict | None, position: int, source: str):
+    def __init__(self, membership: dict, curve: dict | None, position: int, source: str,
+                 busy: Callable[[], bool] | None = None):
         super().__init__(name=f"rebuilder-{position}", daemon=True)
-        self.membership, self.curve, self.position, self.source = membership, curve, position, source
+        self.membership, self.curve, self.position, self.source, self.busy = membership, curve, position, source, busy
         self._halt = threading.Event()
         self.lost: str | None = None  # why some rows cannot be rebuilt (more than r slots of their stripes lost)
 
@@ -107,7 +117,7 @@ class Rebuilder(threading.Thread):
         if cluster is None:
             return
         try:
-            rounds = RebuildRounds(cluster, self.position, self.source, part, parts)
+            rounds = RebuildRounds(cluster, self.position, self.source, part, parts, self.busy)
             while not self._halt.is_set():
                 rest = rounds.round()
                 if rest is None:
