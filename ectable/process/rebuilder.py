@@ -7,8 +7,9 @@ stripes, and installs them; then it rests so the node spends at most `rebuild_sh
 its time rebuilding. `rebuild_streams` rounds run at once, each on its own part of the rows, so that one
 decodes while another waits for the survivors. While clients read or write the node (`busy`), and in its
 first round, a round reads at most `BUSY_BATCH` rows: a large read under training is read again as windows
-close during it, then rests in proportion. Rows clients touch first are rebuilt on demand by those clients. `RebuildRounds` is the rebuilding itself, one round at a time, over any cluster map
-(the simulation runs it too); `Rebuilder` runs a node process's streams of rounds.
+close during it, then rests in proportion. Rows clients touch first are rebuilt on demand by those clients.
+`RebuildRounds` is the rebuilding itself, one round at a time, over any cluster map (the simulation runs it
+too); `Rebuilder` runs a node process's streams of rounds.
 """
 from __future__ import annotations
 
