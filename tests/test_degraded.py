@@ -1,5 +1,7 @@
 """Degraded writes (through the parity of a dead position) against a replacement: refused, unchanged,
 by a holder that knows of the replacement (the node logic, without transport); holders made ready first."""
+import contextlib
+
 import numpy as np
 
 import ectable
@@ -99,6 +101,20 @@ def test_a_degraded_write_first_rebuilds_every_parity_row_its_holders_lack():
         check_parity(cluster, client)
 
 
+@contextlib.contextmanager
+def failed_over_to_a_spare(rows: int, rebuild_batch: int):
+    """(client, the rows before) of an in-process xor(4,1) cluster with a spare and a table "t" of `rows` rows,
+    node 2 killed and failed over to the spare, which rebuilds only when asked (no threads in process)."""
+    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False,
+                              rebuild_batch=rebuild_batch) as cluster:
+        client = cluster.connect()
+        client.create_table("t", num_rows=rows, dim=2, init="normal", seed=4)
+        before = client.get("t", np.arange(rows))
+        cluster.kill(2)
+        client.status()  # fails it over to the spare
+        yield client, before
+
+
 def test_a_rebuild_round_reads_fewer_rows_while_writes_keep_moving_its_stripes():
     """A rebuild round whose stripes still moved after PATIENCE reads (each read finding a parity holder behind the
     data it was read with, as when windows close while big reads run) gives up, and the next round asks for half
@@ -107,13 +123,7 @@ def test_a_rebuild_round_reads_fewer_rows_while_writes_keep_moving_its_stripes()
     training loop on node processes)."""
     from ectable.client.repair import Repair
     from ectable.process.rebuilder import MIN_BATCH, PATIENCE, RebuildRounds
-    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False,
-                              rebuild_batch=4 * MIN_BATCH) as cluster:
-        client = cluster.connect()
-        client.create_table("t", num_rows=40_000, dim=2, init="normal", seed=4)
-        before = client.get("t", np.arange(40_000))
-        cluster.kill(2)
-        client.status()  # fails it over to the spare
+    with failed_over_to_a_spare(40_000, rebuild_batch=4 * MIN_BATCH) as (client, before):
         rounds = RebuildRounds(client.cluster, 2, client.cluster.source(2))
         moving, reads = [PATIENCE + 1], []  # reads still to find a holder behind; reads per round
         real = Repair._lag
@@ -147,13 +157,7 @@ def test_a_rebuild_round_reads_at_most_busy_batch_rows_while_clients_use_the_nod
     row comes back. (Under training on node processes, rounds of 32,768 rows were read three times over 4 s, gave
     up, and rested 2.4 times as long: rebuilds of 19-23 s against 14-15 s; see docs/benchmarks.md.)"""
     from ectable.process.rebuilder import BUSY_BATCH, RebuildRounds
-    with ectable.LocalCluster(nodes=5, code="xor", k=4, r=1, spares=1, processes=False,
-                              rebuild_batch=4 * BUSY_BATCH) as cluster:
-        client = cluster.connect()
-        client.create_table("t", num_rows=400_000, dim=2, init="normal", seed=4)
-        before = client.get("t", np.arange(400_000))
-        cluster.kill(2)
-        client.status()  # fails it over to the spare
+    with failed_over_to_a_spare(400_000, rebuild_batch=4 * BUSY_BATCH) as (client, before):
         busy = [True]
         rounds = RebuildRounds(client.cluster, 2, client.cluster.source(2), busy=lambda: busy[0])
         asked, real = [], rounds.client._rebuild_some
