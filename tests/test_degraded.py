@@ -155,7 +155,7 @@ def test_a_rebuild_round_reads_at_most_busy_batch_rows_while_clients_use_the_nod
     """A rebuild's first round, and every round while clients read or write the rebuilding node (`busy`), asks for
     at most `BUSY_BATCH` rows; once they stop, a round that read its stripes once asks for `rebuild_batch`. Every
     row comes back. (Under training on node processes, rounds of 32,768 rows were read three times over 4 s, gave
-    up, and rested 2.4 times as long: rebuilds of 19-23 s against 14-15 s; see docs/benchmarks.md.)"""
+    up, and rested 2.4 times as long: rebuilds of 19-23 s against 13-19 s; see docs/benchmarks.md.)"""
     from ectable.process.rebuilder import BUSY_BATCH, RebuildRounds
     with failed_over_to_a_spare(400_000, rebuild_batch=4 * BUSY_BATCH) as (client, before):
         busy = [True]
