@@ -26,6 +26,8 @@ FROZEN_TAKES = {"get", "get_committed", "get_many", "get_parity", "get_parity_ma
 # or promise. Once its state is handed over it answers nothing but `moved`: its successor may have taken writes. A
 # retry of a write it applied is answered as ever, handed over or not (after a grow, the node that continues it
 # does not know the write: sent there again, it would be applied twice).
+CLIENT_OPS = frozenset({"get_many", "write"})  # the requests with which clients read and write rows
+BUSY_SECONDS = 1.0  # a node clients read or wrote within this long is serving them (`serving_clients`)
 
 
 class NodeHost:
@@ -53,6 +55,11 @@ class NodeHost:
         self.pending: Node | None = None  # a spare: the node it takes over once a map gives it that position
         self.copied_rows: tuple | None = None  # (copy, {table: rows}): rows sent ahead of the node it is to take
         self.copied: tuple[str | None, set] = (None, set())  # the last copy of its rows a handover took: name, tables
+        self.client_at = float("-inf")  # when clients last read or wrote rows here (`clock.monotonic`)
+
+    def serving_clients(self) -> bool:
+        """Whether clients read or wrote rows here within the last `BUSY_SECONDS` (what its rebuilder asks)."""
+        return clock.monotonic() - self.client_at < BUSY_SECONDS
 
     def handle(self, header: dict, arrays: list, key: str | None = None) -> tuple[dict, list]:
         """Answer one request (sent with CURVE key `key`): a control op here, anything else by the node."""
@@ -63,6 +70,8 @@ class NodeHost:
         refused = security.refusal(msg, key, self.keys, self.peer_keys)
         if refused:
             return messages.error(ErrorCode.FORBIDDEN, refused), []
+        if msg.op in CLIENT_OPS:
+            self.client_at = clock.monotonic()
         if msg.op in messages.CONTROL:
             return self.control(msg, arrays)
         if self.node is None:

@@ -24,7 +24,7 @@ from ..membership import LeaseNotFound, MembershipUnavailable
 from ..protocol import messages
 from ..protocol.messages import ErrorCode
 from .host import NodeHost
-from .rebuilder import BUSY_SECONDS, CLIENT_OPS, Rebuilder
+from .rebuilder import Rebuilder
 from . import trace
 from ..transport import codec
 from ..transport.zeromq import bind_to, make_socket, start_authenticator
@@ -68,7 +68,6 @@ class NodeServer(NodeHost):
         self.faults: dict[str, float] = {}  # armed by the owning cluster's `fault` op, for tests
         self.fault_hits = 0
         self.last_request = 0.0
-        self.client_at = float("-inf")  # when clients last read or wrote rows here
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.metrics = None if metrics is None else NodeMetrics(metrics)  # Prometheus, on this port
@@ -111,10 +110,6 @@ class NodeServer(NodeHost):
         self.next_rebuilder = time.monotonic() + 1.0
         self.rebuilder = Rebuilder(self.membership, self.keys, node.position, node.source, self.serving_clients)
         self.rebuilder.start()
-
-    def serving_clients(self) -> bool:
-        """Whether clients read or wrote rows here within the last `BUSY_SECONDS`."""
-        return time.monotonic() - self.client_at < BUSY_SECONDS
 
     def leave(self) -> None:
         """This node was declared dead while it was away: drop everything and wait as a spare."""
@@ -203,8 +198,6 @@ class NodeServer(NodeHost):
             self._reply(identity, messages.error(ErrorCode.MALFORMED, str(exc)), [])
             return
         rid = header.get("id")
-        if isinstance(header.get("op"), str) and header["op"] in CLIENT_OPS:  # (an op may be anything unhashable)
-            self.client_at = time.monotonic()
         key = body[0].get("User-Id") if self.keys else None  # the sender's public key, as CURVE proved it
         try:
             reply = self.handle(header, arrays, key)

@@ -26,17 +26,16 @@ from ..errors import Error, Unavailable
 MIN_BATCH = 1024  # fewest rows a round reads; it then waits for its stripes to settle however long they move
 PATIENCE = 3  # reads of one round's stripes before it gives up and the next round reads half as many
 BUSY_BATCH = 4096  # most rows a round reads while clients read or write the rebuilding node
-BUSY_SECONDS = 1.0  # a node clients read or wrote within this long is busy with them
-CLIENT_OPS = frozenset({"get_many", "write"})  # the requests with which clients read and write rows
 
 
 class RebuildRounds:
     """Rounds of rebuilding the node at `position` (identity `source`) through `cluster`'s clients; `busy`: whether
-    clients read or write that node now (a getter, no I/O; None: never)."""
+    clients read or write that node now (`NodeHost.serving_clients`, a getter; None: never)."""
 
     def __init__(self, cluster, position: int, source: str, part: int = 0, parts: int = 1,
                  busy: Callable[[], bool] | None = None):
-        self.cluster, self.position, self.source, self.busy = cluster, position, source, busy
+        self.cluster, self.position, self.source = cluster, position, source
+        self.busy = busy or (lambda: False)
         self.part = (part, parts)  # the part of the missing rows this one rebuilds first (`Missing`)
         self.client = Client(cluster)
         self.started = False  # the map names this identity at the position: rebuilding has begun
@@ -58,7 +57,7 @@ class RebuildRounds:
         if cluster.source(self.position) != self.source:
             return None
         began, rereads = clock.monotonic(), self.client.repair.rereads
-        batch = min(self.batch, BUSY_BATCH) if self.busy is not None and self.busy() else self.batch
+        batch = min(self.batch, BUSY_BATCH) if self.busy() else self.batch
         self.client.repair.patience = PATIENCE if batch > MIN_BATCH else None
         try:
             if not self.client._rebuild_some(self.position, batch, self.part):

@@ -19,7 +19,7 @@ from ...errors import Error, Unavailable
 from ...membership import LeaseNotFound
 from ...process.host import NodeHost
 from ...process.node_server import GRACE, HEARTBEAT, NODE_TTL, RESEND, TICK, reads_due
-from ...process.rebuilder import BUSY_SECONDS, CLIENT_OPS, RebuildRounds
+from ...process.rebuilder import RebuildRounds
 from ...protocol import messages
 from ...protocol.messages import ErrorCode
 from ...transport import codec
@@ -42,7 +42,6 @@ class SimNodeHost(NodeHost):
         self.lease: int | None = None
         self.announced: dict | None = None
         self.last_request = 0.0
-        self.client_at = float("-inf")  # when clients last read or wrote rows here
         self.ticking = False
         self.rebuilding_with = None  # the identity being rebuilt, while its streams of rounds run
         self.rebuild_streams: set[int] = set()  # the parts whose streams still run
@@ -124,8 +123,6 @@ class SimNodeHost(NodeHost):
             header, arrays = codec.decode(frames)
         except codec.Malformed as exc:
             return codec.encode(messages.error(ErrorCode.MALFORMED, str(exc)), [])
-        if isinstance(header.get("op"), str) and header["op"] in CLIENT_OPS:
-            self.client_at = self.world.now
         try:
             out, out_arrays = self.handle(header, arrays)
         except Exception as exc:  # a node never dies of a request; in a simulation it is a bug to report
@@ -230,7 +227,7 @@ class SimNodeHost(NodeHost):
         if source is not None and self.node is not None and self.node.source == source:
             try:
                 rounds = rounds or RebuildRounds(self.cluster_of(self.endpoint), self.node.position, source, part, parts,
-                                                lambda: self.world.now - self.client_at < BUSY_SECONDS)
+                                                self.serving_clients)
                 rest = rounds.round()
             except Unavailable as exc:  # more than r slots of some stripes lost
                 self.rebuild_lost = str(exc)
