@@ -36,6 +36,35 @@ def cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def family_cpu() -> dict:
+    """{pid: (role, CPU seconds so far)} of this process ("trainer") and every process it started, directly or
+    not ("node", "decider", "etcd" or "other", by command line; Linux /proc)."""
+    parents, info = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        info[pid] = (command, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    me, out = os.getpid(), {}
+    for pid, (command, cpu) in info.items():
+        ancestor = pid
+        while ancestor not in (me, 0, 1) and ancestor in parents:
+            ancestor = parents[ancestor]
+        if ancestor == me:
+            role = ("trainer" if pid == me else "node" if " ectable node" in command else
+                    "decider" if " ectable decider" in command else "etcd" if "etcd" in command else "other")
+            out[pid] = (role, cpu)
+    return out
+
+
 def add_node_nice(parser) -> None:
     """The `--node-nice` option of the benchmarks that start node processes."""
     parser.add_argument("--node-nice", type=int, help="the node processes' priority below this one's (LocalCluster's "

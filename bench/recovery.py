@@ -5,10 +5,12 @@ Three parts (and a fourth on request), all in one run, nodes as processes on loo
 1. `size`: SIGKILL a node of an idle xor(4,1) cluster with one spare; time until every
    stripe is protected again, for growing tables. Beside it, the two limits a rebuild
    cannot beat on this machine: decoding the same bytes in process, and moving them over
-   loopback ZeroMQ (a rebuilt row reads k slots and writes one: "MB/s moved").
+   loopback ZeroMQ (a rebuilt row reads k slots and writes one: "MB/s moved"); and the CPU
+   every process of the cluster spent from the kill to full protection, per MB rebuilt.
 2. `during`: a training loop over a workload (`--workload`, default criteo-like: get_many,
    model step, apply_gradient_many, step) with a node SIGKILLed part way; iteration times
-   before, during and after the rebuild (a time series, and the during/before ratio).
+   before, during and after the rebuild (a time series, and the during/before ratio), and
+   the CPU per iteration of the trainer, the nodes, etcd and the deciders in each phase.
 3. `checkpoint`: the same failure handled the way training is protected today: a full
    checkpoint of every table every N iterations, so a failure costs reading the last one
    back and replaying the iterations since (N/2 on average, at the measured cost of an
@@ -40,7 +42,7 @@ from ectable.cluster.maps import StoredMap
 from ectable.codes import get_code
 from ectable.testing import read_records
 
-from .common import add_node_nice, nice, report
+from .common import add_node_nice, family_cpu, nice, report
 from .train_loop import create_tables, full_checkpoint, touch_all
 from .workloads import DIM, WORKLOADS, Workload
 
@@ -99,30 +101,43 @@ def part_size(sizes, out):
         cluster, client = make_cluster(work)
         with cluster:
             touch_all(client, work)
+            cpu = family_cpu()
             secs, rebuilt, spare = rebuild_time(client, cluster)
+            cpu = sum(seconds - cpu[pid][1] for pid, (_, seconds) in family_cpu().items() if pid in cpu)
             net = network_limit(client, rebuilt)
         dec = decode_limit(rebuilt)
         mb = rebuilt * (DIM + 1) * 4 / 1e6
         pulling = spare["pulling"]
         rows_out.append([rows, rebuilt, round(mb, 1), round(secs, 2), round(spare["seconds"], 2), round(pulling, 2),
-                         round(mb / pulling, 1), round(mb * (K + 1) / pulling), round(mb / net), round(mb / dec)])
+                         round(mb / pulling, 1), round(mb * (K + 1) / pulling), round(mb / net), round(mb / dec),
+                         round(cpu / mb * 1000, 1), round(cpu / secs, 2)])
         print(f"  {rows} rows: rebuilt {rebuilt} rows ({mb:.0f} MB) in {secs:.2f} s from the kill; the spare "
               f"took {spare['seconds']:.2f} s, {pulling:.2f} s of it pulling rows", flush=True)
     out["size"] = rows_out
     # "MB/s moved": a rebuilt row reads k survivors' slots and writes one
     report("recovery_size", ["table rows", "rows rebuilt", "MB rebuilt", "kill to protected s", "spare s",
-                             "pulling s", "MB/s pulling", "MB/s moved", "loopback MB/s", "decode MB/s"], rows_out)
+                             "pulling s", "MB/s pulling", "MB/s moved", "loopback MB/s", "decode MB/s",
+                             "CPU ms per MB", "cores busy"], rows_out)
 
 
-def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=None, lookahead: int = 0):
+def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=None, lookahead: int = 0,
+          marks: list | None = None):
     """Iteration times; with `kill_at`, SIGKILL node 2 before that iteration. Also the rebuild window. With
     `profile` (two cProfile.Profile), the trainer is profiled over the iterations before the kill (from the
     sixth) and over those that start with node 2 rebuilding. With `lookahead` L > 0, the loop goes through
-    `ectable.Lookahead` (L batches read ahead, a cache of a million rows; its thread owns the client)."""
+    `ectable.Lookahead` (L batches read ahead, a cache of a million rows; its thread owns the client). `marks`
+    (with `kill_at`): gets (iteration, seconds, `family_cpu()`) as the sixth iteration, the kill's and the next
+    begin, after the iteration that ended the rebuild, and at the end."""
     times, rebuilding = [], []
+
+    def mark(n):
+        if marks is not None and kill_at is not None:
+            marks.append((n, time.perf_counter(), family_cpu()))
     la = ectable.Lookahead(client, work.batches, lookahead=lookahead, cache_rows=1 << 20) if lookahead else None
     api, feed = (la, la) if la is not None else (client, work.batches)
     for n, batch in enumerate(feed):
+        if kill_at is not None and n in (5, kill_at, kill_at + 1):
+            mark(n)
         if n == kill_at:
             cluster.kill(2)
         profiled = None
@@ -140,6 +155,9 @@ def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=N
             profiled.disable()
         # as the client's map says (no request: one to the spare every iteration would slow training down)
         rebuilding.append(kill_at is not None and n >= kill_at and _rebuilding(client.cluster, 2, la is not None))
+        if kill_at is not None and n > kill_at and rebuilding[-2] and not rebuilding[-1]:
+            mark(n + 1)
+    mark(len(times))
     if la is not None:
         la.close()
     return np.array(times), np.array(rebuilding)
@@ -162,15 +180,18 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False, loo
     """Training through a failure, once per rebuild share; returns the training time each failure cost. With
     `profile`, prints the trainer's cProfile over the rebuild (per iteration, the calls of ectable's client);
     `lookahead`: as `train`'s."""
-    rows_out, series, lost = [], {}, {}
+    rows_out, series, lost, cpu = [], {}, {}, {}
     for share in shares:
         cluster, client = make_cluster(work, share=share)
         prof = (cProfile.Profile(), cProfile.Profile()) if profile else None
+        marks: list = []
         with cluster:
             touch_all(client, work)
-            kill_at = len(work.batches) // 6
-            times, rebuilding = train(client, work, compute, kill_at, cluster, prof, lookahead)
+            kill_at, victim = len(work.batches) // 6, cluster.node_pids()[2]
+            times, rebuilding = train(client, work, compute, kill_at, cluster, prof, lookahead, marks)
+            spare = cluster.node_pids()[2]
         before, first, during, after = phases(times, rebuilding, kill_at)
+        cpu[share] = cpu_phases(marks, victim, spare)
         lost[share] = first + during.sum() - (during.size + 1) * before.mean()  # training time the failure cost
         rate = 1 / before.mean()
         rows_out.append([share, round(rate, 1), round(before.mean() / first, 3),
@@ -183,11 +204,36 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False, loo
         if prof is not None:
             _print_profile(prof, before.size, int(rebuilding[:-1].sum()))  # after an iteration that ended rebuilding
     out["during"] = series
+    report("recovery_during_cpu", ["rebuild share", "phase", "iterations", "ms/it", "trainer CPU ms/it",
+                                   "a survivor's CPU ms/it", "node 2's CPU ms/it", "etcd + deciders ms/it",
+                                   "all CPU ms/it", "cores busy"],
+           [[share, *row] for share, rows in cpu.items() for row in rows])
     report("recovery_during", ["rebuild share", "it/s before", "failover it.", "during rebuild", "after",
                                "rebuild s", "training lost s"], rows_out,
            {"series": series, "table_rows": sum(work.sizes.values()), "workload": work.describe(),
             "compute_ms": compute * 1000})
     return lost
+
+
+def cpu_phases(marks: list, victim: int, spare: int) -> list:
+    """Per phase of a `train` with `marks` (before the kill, rebuilding, after): [phase, iterations, wall ms, then
+    CPU ms per iteration of the trainer, of a surviving node (their mean), of the node at the failed position (the
+    `victim` before the kill, then its `spare`), of etcd and the deciders, of all; cores busy on average]."""
+    start, kill, failed_over, *rest = marks
+    spans = [("before", start, kill, victim), ("rebuilding", failed_over, rest[0], spare)]
+    if len(rest) > 1:
+        spans.append(("after", rest[0], rest[1], spare))
+    rows = []
+    for name, (na, ta, ca), (nb, tb, cb), node in spans:
+        spent = {pid: (role, cpu - ca[pid][1]) for pid, (role, cpu) in cb.items() if pid in ca}
+        survivors = [cpu for pid, (role, cpu) in spent.items() if role == "node" and pid not in (victim, spare)]
+        total = sum(cpu for _, cpu in spent.values())
+        per = lambda seconds: round(seconds / max(nb - na, 1) * 1000, 2)  # noqa: E731
+        rows.append([name, nb - na, per(tb - ta), per(spent.get(os.getpid(), ("", 0.0))[1]),
+                     per(sum(survivors) / max(len(survivors), 1)), per(spent.get(node, ("", 0.0))[1]),
+                     per(sum(cpu for role, cpu in spent.values() if role in ("etcd", "decider"))), per(total),
+                     round(total / (tb - ta), 2)])
+    return rows
 
 
 def part_degraded(work: Workload, out, batches: int = 30):
