@@ -44,6 +44,35 @@ def recovery_during(plt) -> None:
     fig.savefig(IMG / "recovery_during.png", dpi=110)
 
 
+def recovery_during_cpu(plt) -> None:
+    """CPU per iteration by process before, during and after a rebuild (the first share run), against what 2
+    cores give in an iteration's time."""
+    data = _load("recovery_during_cpu")
+    if not data or not data["rows"]:
+        return
+    columns, share = data["columns"], data["rows"][0][0]
+    rows = [dict(zip(columns, row)) for row in data["rows"] if row[0] == share]
+    parts = [("trainer", lambda r: r["trainer CPU ms/it"], "tab:gray"),
+             (f"{data['survivors']} surviving nodes", lambda r: r["a survivor's CPU ms/it"] * data["survivors"], "tab:blue"),
+             ("node 2 (killed, then the spare, rebuilding)", lambda r: r["node 2's CPU ms/it"], "tab:orange"),
+             ("etcd and deciders", lambda r: r["etcd + deciders ms/it"], "tab:green")]
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    y, left = np.arange(len(rows)), np.zeros(len(rows))
+    for label, value, color in parts:
+        width = np.array([value(r) for r in rows], dtype=float)
+        ax.barh(y, width, left=left, color=color, label=label)
+        left += width
+    ax.scatter([2 * r["ms/it"] for r in rows], y, marker="|", s=600, color="k", label="2 cores x the iteration's time")
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{r['phase']}\n{r['ms/it']:.0f} ms/it" for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("CPU ms per iteration")
+    ax.set_title(f"Where the CPU goes through a failure (rebuild share {share})", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(IMG / "recovery_during_cpu.png", dpi=110)
+
+
 def recovery_size(plt) -> None:
     """Rebuild time against rows rebuilt."""
     data = _load("recovery_size")
@@ -199,7 +228,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     IMG.mkdir(parents=True, exist_ok=True)
-    for plot in (train_loop, node_cpu, recovery_during, recovery_size, recovery_vs_checkpoint, memory_per_node,
+    for plot in (train_loop, node_cpu, recovery_during, recovery_during_cpu, recovery_size, recovery_vs_checkpoint, memory_per_node,
                  lookahead):
         plot(plt)
     print(f"wrote plots to {IMG}")

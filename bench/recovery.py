@@ -180,7 +180,7 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False, loo
     """Training through a failure, once per rebuild share; returns the training time each failure cost. With
     `profile`, prints the trainer's cProfile over the rebuild (per iteration, the calls of ectable's client);
     `lookahead`: as `train`'s."""
-    rows_out, series, lost, cpu = [], {}, {}, {}
+    rows_out, series, lost, cpu, survivors = [], {}, {}, {}, 0
     for share in shares:
         cluster, client = make_cluster(work, share=share)
         prof = (cProfile.Profile(), cProfile.Profile()) if profile else None
@@ -189,7 +189,7 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False, loo
             touch_all(client, work)
             kill_at, victim = len(work.batches) // 6, cluster.node_pids()[2]
             times, rebuilding = train(client, work, compute, kill_at, cluster, prof, lookahead, marks)
-            spare = cluster.node_pids()[2]
+            spare, survivors = cluster.node_pids()[2], len(cluster.node_pids()) - 1
         before, first, during, after = phases(times, rebuilding, kill_at)
         cpu[share] = cpu_phases(marks, victim, spare)
         lost[share] = first + during.sum() - (during.size + 1) * before.mean()  # training time the failure cost
@@ -207,7 +207,7 @@ def part_during(work: Workload, compute, shares, out, profile: bool = False, loo
     report("recovery_during_cpu", ["rebuild share", "phase", "iterations", "ms/it", "trainer CPU ms/it",
                                    "a survivor's CPU ms/it", "node 2's CPU ms/it", "etcd + deciders ms/it",
                                    "all CPU ms/it", "cores busy"],
-           [[share, *row] for share, rows in cpu.items() for row in rows])
+           [[share, *row] for share, rows in cpu.items() for row in rows], {"survivors": survivors})
     report("recovery_during", ["rebuild share", "it/s before", "failover it.", "during rebuild", "after",
                                "rebuild s", "training lost s"], rows_out,
            {"series": series, "table_rows": sum(work.sizes.values()), "workload": work.describe(),
