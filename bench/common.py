@@ -36,32 +36,37 @@ def cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def family_cpu() -> dict:
-    """{pid: (role, CPU seconds so far)} of this process ("trainer") and every process it started, directly or
-    not ("node", "decider", "etcd" or "other", by command line; Linux /proc)."""
-    parents, info = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def descendants(pid: int) -> list[int]:
+    """Every process started, directly or not, by `pid` (Linux /proc)."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # gone meanwhile
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except FileNotFoundError:
             continue
-        pid = int(entry)
-        parents[pid] = int(fields[1])
-        info[pid] = (command, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
-    me, out = os.getpid(), {}
-    for pid, (command, cpu) in info.items():
-        ancestor = pid
-        while ancestor not in (me, 0, 1) and ancestor in parents:
-            ancestor = parents[ancestor]
-        if ancestor == me:
-            role = ("trainer" if pid == me else "node" if " ectable node" in command else
-                    "decider" if " ectable decider" in command else "etcd" if "etcd" in command else "other")
-            out[pid] = (role, cpu)
+        for child in children:
+            out += [child, *descendants(child)]
+    return out
+
+
+def kind(pid: int) -> str:
+    """What process `pid` is: "etcd", "node", "decider", or its program's name."""
+    with open(f"/proc/{pid}/cmdline") as f:
+        argv = f.read().split("\0")
+    if any(a.endswith("etcd") for a in argv):
+        return "etcd"
+    return next((a for a in ("node", "decider") if a in argv), os.path.basename(argv[0]))
+
+
+def family_cpu() -> dict:
+    """{pid: (kind, CPU seconds so far)} of this process ("trainer") and its `descendants` (by `kind`)."""
+    out = {os.getpid(): ("trainer", cpu_seconds([os.getpid()]))}
+    for pid in descendants(os.getpid()):
+        try:
+            out[pid] = (kind(pid), cpu_seconds([pid]))
+        except OSError:  # gone meanwhile
+            pass
     return out
 
 

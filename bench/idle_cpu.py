@@ -11,29 +11,7 @@ import time
 
 import ectable
 
-from .common import cpu_seconds, report
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process started, directly or not, by `pid` (Linux /proc)."""
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                children = [int(c) for c in f.read().split()]
-        except FileNotFoundError:
-            continue
-        for child in children:
-            out += [child, *descendants(child)]
-    return out
-
-
-def kind(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline") as f:
-        argv = f.read().split("\0")
-    if any(a.endswith("etcd") for a in argv):
-        return "etcd"
-    return next((a for a in ("node", "decider") if a in argv), os.path.basename(argv[0]))
+from .common import cpu_seconds, descendants, kind, report
 
 
 def main():
