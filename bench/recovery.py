@@ -129,14 +129,15 @@ def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=N
     (with `kill_at`): gets (iteration, seconds, `family_cpu()`) as the sixth iteration, the kill's and the next
     begin, after the iteration that ended the rebuild, and at the end."""
     times, rebuilding = [], []
+    at = {5, kill_at, kill_at + 1} if marks is not None and kill_at is not None else set()  # iterations to mark
 
     def mark(n):
-        if marks is not None and kill_at is not None:
+        if at:
             marks.append((n, time.perf_counter(), family_cpu()))
     la = ectable.Lookahead(client, work.batches, lookahead=lookahead, cache_rows=1 << 20) if lookahead else None
     api, feed = (la, la) if la is not None else (client, work.batches)
     for n, batch in enumerate(feed):
-        if kill_at is not None and n in (5, kill_at, kill_at + 1):
+        if n in at:
             mark(n)
         if n == kill_at:
             cluster.kill(2)
@@ -155,7 +156,7 @@ def train(client, work: Workload, compute, kill_at=None, cluster=None, profile=N
             profiled.disable()
         # as the client's map says (no request: one to the spare every iteration would slow training down)
         rebuilding.append(kill_at is not None and n >= kill_at and _rebuilding(client.cluster, 2, la is not None))
-        if kill_at is not None and n > kill_at and rebuilding[-2] and not rebuilding[-1]:
+        if at and n > kill_at and rebuilding[-2] and not rebuilding[-1]:
             mark(n + 1)
     mark(len(times))
     if la is not None:
@@ -221,7 +222,7 @@ def cpu_phases(marks: list, victim: int, spare: int) -> list:
     `victim` before the kill, then its `spare`), of etcd and the deciders, of all; cores busy on average]."""
     start, kill, failed_over, *rest = marks
     spans = [("before", start, kill, victim), ("rebuilding", failed_over, rest[0], spare)]
-    if len(rest) > 1:
+    if len(rest) > 1 and rest[1][0] > rest[0][0]:  # the rebuild ended before the last iteration
         spans.append(("after", rest[0], rest[1], spare))
     rows = []
     for name, (na, ta, ca), (nb, tb, cb), node in spans:
