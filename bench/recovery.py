@@ -101,9 +101,9 @@ def part_size(sizes, out):
         cluster, client = make_cluster(work)
         with cluster:
             touch_all(client, work)
-            cpu = family_cpu()
+            at_kill = family_cpu()
             secs, rebuilt, spare = rebuild_time(client, cluster)
-            cpu = sum(seconds - cpu[pid][1] for pid, (_, seconds) in family_cpu().items() if pid in cpu)
+            cpu = sum(seconds - at_kill[pid][1] for pid, (_, seconds) in family_cpu().items() if pid in at_kill)
             net = network_limit(client, rebuilt)
         dec = decode_limit(rebuilt)
         mb = rebuilt * (DIM + 1) * 4 / 1e6
@@ -228,11 +228,11 @@ def cpu_phases(marks: list, victim: int, spare: int) -> list:
     for name, (na, ta, ca), (nb, tb, cb), node in spans:
         spent = {pid: (role, cpu - ca[pid][1]) for pid, (role, cpu) in cb.items() if pid in ca}
         survivors = [cpu for pid, (role, cpu) in spent.items() if role == "node" and pid not in (victim, spare)]
-        total = sum(cpu for _, cpu in spent.values())
+        of = lambda *roles: sum(cpu for role, cpu in spent.values() if role in roles)  # noqa: E731
         per = lambda seconds: round(seconds / max(nb - na, 1) * 1000, 2)  # noqa: E731
-        rows.append([name, nb - na, per(tb - ta), per(spent.get(os.getpid(), ("", 0.0))[1]),
-                     per(sum(survivors) / max(len(survivors), 1)), per(spent.get(node, ("", 0.0))[1]),
-                     per(sum(cpu for role, cpu in spent.values() if role in ("etcd", "decider"))), per(total),
+        total = sum(cpu for _, cpu in spent.values())
+        rows.append([name, nb - na, per(tb - ta), per(of("trainer")), per(sum(survivors) / max(len(survivors), 1)),
+                     per(spent.get(node, ("", 0.0))[1]), per(of("etcd", "decider")), per(total),
                      round(total / (tb - ta), 2)])
     return rows
 
