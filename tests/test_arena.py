@@ -2,12 +2,13 @@
 a delta message naming many tables folds into them at once, a write of many tables gathers and scatters
 their records at once, and a dropped table's rows are given back."""
 import mmap
+import os
 
 import numpy as np
 import pytest
 
 import ectable
-from ectable.storage.arena import Arena
+from ectable.storage.arena import HUGE_BYTES, Arena
 from ectable.testing import check_parity, read_records
 
 
@@ -29,6 +30,31 @@ def test_ranges_of_one_row_size_share_a_block_until_it_is_full_and_an_empty_bloc
     assert page not in arena.blocks and 64 in arena.blocks
     empty, _ = arena.take(0, 32)  # a table without parity rows takes no block of the arena's
     assert empty.rows.shape == (0, 32) and 32 not in arena.blocks
+
+
+def _asks_for_huge_pages(block) -> bool:
+    """Does the kernel hold `block`'s mapping as advised for transparent huge pages ("hg" in its VmFlags)?"""
+    start = f"{block.rows.__array_interface__['data'][0]:x}-"
+    with open("/proc/self/smaps") as f:
+        lines = iter(f)
+        for line in lines:
+            if line.startswith(start):
+                return next("hg" in flags.split() for flags in lines if flags.startswith("VmFlags:"))
+    raise AssertionError("the block's mapping is not in /proc/self/smaps")
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"),
+                    reason="transparent huge pages are Linux's")
+def test_a_block_asks_for_huge_pages_only_once_its_ranges_span_huge_bytes():
+    """A huge page is zeroed whole at its first write: a block of a few small tables keeps 4 KiB pages (every
+    block asking for them made each block of a small cluster cost 2 MiB at its first write), a large one does not."""
+    arena = Arena()
+    small, _ = arena.take(100, 64)
+    assert not _asks_for_huge_pages(small)
+    more, _ = arena.take(HUGE_BYTES // 64, 64)  # the same block, now spanning more than HUGE_BYTES
+    assert more is small and _asks_for_huge_pages(small)
+    big, _ = arena.take(HUGE_BYTES // 32, 32)  # a first range that large: at once
+    assert _asks_for_huge_pages(big)
 
 
 @pytest.mark.parametrize("code,k,r", [("xor", 3, 1), ("rs", 3, 2)])

@@ -26,6 +26,10 @@ BLOCK_BYTES = 1 << 30
 # (Python before 3.13 lacks the constant; its value differs between architectures: 0x4000 on these.)
 NORESERVE = getattr(mmap, "MAP_NORESERVE",
                     0x4000 if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64") else 0)
+# A block asks for transparent huge pages (fewer TLB misses on random rows) once its tables' ranges span this
+# many bytes: a huge page (2 MiB) is zeroed whole at its first write, so a smaller block keeps 4 KiB pages. Asked
+# for on every block, a small cluster's first write to each block cost 2 MiB (a test's clusters, hundreds of MB).
+HUGE_BYTES = 1 << 20
 
 
 class Block:
@@ -36,12 +40,19 @@ class Block:
             self._map = mmap.mmap(-1, max(rows * row_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | NORESERVE)
         except OSError as e:  # as np.zeros would say it
             raise MemoryError(f"cannot map {rows * row_bytes} bytes: {e}") from None
-        if hasattr(mmap, "MADV_HUGEPAGE"):  # as numpy asks for its large arrays: fewer TLB misses on random rows
-            self._map.madvise(mmap.MADV_HUGEPAGE)
         self.rows = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes).reshape(rows, row_bytes)
         self.floats = self.rows.view(np.float32) if row_bytes % 4 == 0 else None  # the rows as float32 records
         self.used = 0  # rows handed out, from the start
         self.tables = 0  # ranges still in use
+        self.huge = False  # huge pages asked for
+
+    def hand_out(self, rows: int) -> int:
+        """The first of `rows` more rows handed out from the block's free end (the caller checked they fit)."""
+        base, self.used = self.used, self.used + rows
+        if not self.huge and self.used * self.rows.shape[1] >= HUGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+            self.huge = True
+        return base
 
     def free(self, base: int, rows: int) -> None:
         """Give back the memory of rows [base, base + rows), which are not used again."""
@@ -68,9 +79,8 @@ class Arena:
         if block is None:
             block = Block(max(rows, self.block_bytes // max(row_bytes, 1)), row_bytes)
             blocks.append(block)
-        base, block.used = block.used, block.used + rows
         block.tables += 1
-        return block, base
+        return block, block.hand_out(rows)
 
     def give(self, block: Block, base: int, rows: int) -> None:
         """The range (block, base) of `rows` rows is no longer used."""

@@ -32,7 +32,6 @@ class Window:
         self.width = width
         self._block = Block(rows, 1)
         self.flags = self._block.rows[:, 0]  # zero until written
-        self.used = 0  # rows handed out to tables, from the start
         self.tables: list = []  # TableWindow of each range still in use, by base
         self._bases = np.empty(0, dtype=np.int64)
         self._rows = np.empty(0, dtype=np.int64)
@@ -42,6 +41,11 @@ class Window:
 
     def __len__(self):
         return self.size
+
+    @property
+    def used(self) -> int:
+        """Rows handed out to tables, from the start."""
+        return self._block.used
 
     def record(self, rows: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
         """Unique rows `rows` change from records `old` to `new` (float32 [n, width]): add to their deltas."""
@@ -99,8 +103,7 @@ class Window:
 
     def take(self, capacity: int, owner) -> "TableWindow":
         """A range of `capacity` rows for table `owner`."""
-        part = TableWindow(self, self.used, capacity, owner)
-        self.used += capacity
+        part = TableWindow(self, self._block.hand_out(capacity), capacity, owner)
         self.tables.append(part)
         self._bases = np.array([t.base for t in self.tables], dtype=np.int64)
         return part
