@@ -196,7 +196,7 @@ class ClusterMachine(RuleBasedStateMachine):
         p = data.draw(st.sampled_from(range(self.nodes)))
         source, epoch, leaving = self.cluster.source(p), self.cluster.epoch, self.cluster.endpoints[p]
         if self.cluster.spares_left() == 0:
-            try:  # in process the decider acts within each poll of the drain: two polls show all it would do
+            try:  # in process, each poll of the drain runs the decider until it has nothing left to do
                 self.cluster.drain(p, timeout=0.1 if self.processes else 0.01)
             except Error as exc:
                 assert "no free spare" in str(exc) and self.cluster.epoch == epoch, exc
