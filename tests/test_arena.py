@@ -46,8 +46,8 @@ def _asks_for_huge_pages(block) -> bool:
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"),
                     reason="transparent huge pages are Linux's")
 def test_a_block_asks_for_huge_pages_only_once_its_ranges_span_huge_bytes():
-    """A huge page is zeroed whole at its first write: a block of a few small tables keeps 4 KiB pages (every
-    block asking for them made each block of a small cluster cost 2 MiB at its first write), a large one does not."""
+    """A block of a few small tables keeps 4 KiB pages (a huge page is zeroed whole at its first write: every block
+    asking for them made each block of a small cluster cost 2 MiB); once its ranges span HUGE_BYTES it asks."""
     arena = Arena()
     small, _ = arena.take(100, 64)
     assert not _asks_for_huge_pages(small)
