@@ -39,7 +39,11 @@ def cpu_seconds(pids) -> float:
 def descendants(pid: int) -> list[int]:
     """Every process started, directly or not, by `pid` (Linux /proc)."""
     out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:  # gone since its parent listed it (a node just killed)
+        return out
+    for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 children = [int(c) for c in f.read().split()]

@@ -1,8 +1,11 @@
 """The recovery benchmark's phases: each iteration counted in one phase only, each process's CPU in its role."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 
+from bench.common import descendants
 from bench.recovery import cpu_phases, phases
 
 
@@ -33,3 +36,11 @@ def test_cpu_phases_counts_each_process_in_its_role():
     assert before == ["before", 10, 100.0, 50.0, 30.0, 60.0, 10.0, 181.0, 1.81]  # the idle spare: in "all" only
     assert rebuilding == ["rebuilding", 10, 200.0, 100.0, 40.0, 100.0, 20.0, 300.0, 1.5]
     assert after == ["after", 10, 100.0, 50.0, 20.0, 20.0, 10.0, 120.0, 1.2]
+
+
+def test_descendants_of_a_process_gone_meanwhile_are_none():
+    """A node killed while the benchmark walks the process tree: it is listed by its parent, then gone."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its /proc entry is gone
+    assert descendants(child.pid) == []
+    assert child.pid not in descendants(os.getpid())
